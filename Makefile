@@ -1,0 +1,35 @@
+# Two commands for a fresh machine with Python 3.11: `make demo` runs the main job, `make test`
+# runs the suite. Both create (or reuse) the virtual environment `.venv` by themselves.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.installed-core
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed-bench
+
+.PHONY: demo test bench venv bench-venv
+
+$(STAMP): setup.py
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/python benchmarks/attention.py --demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests
+
+# Benchmarks against PyTorch and Hugging Face need the `bench` extra, kept in its own venv.
+$(BENCH_STAMP): setup.py
+	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q -e '.[test,bench]'
+	@touch $(BENCH_STAMP)
+
+bench-venv: $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python benchmarks/attention.py

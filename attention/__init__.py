@@ -1,0 +1,27 @@
+"""Attention primitives: pure functions over `[batch, length, heads, head_dim]` arrays.
+
+`REGISTRY` maps the names used in configs to the functions; `get(name)` looks one up and lists
+the valid names when it is unknown. Dense reference masks for every pattern are in
+`attention.masks`.
+"""
+
+from attention import masks
+from attention.band import band_attention
+from attention.dot_product import dot_product_attention
+
+REGISTRY = {
+    "dot_product": dot_product_attention,
+    "band": band_attention,
+}
+
+
+def get(name: str):
+  """Returns the attention function registered under `name`."""
+  try:
+    return REGISTRY[name]
+  except KeyError:
+    raise ValueError(
+        f"unknown attention {name!r}; valid names: {', '.join(sorted(REGISTRY))}.") from None
+
+
+__all__ = ["REGISTRY", "band_attention", "dot_product_attention", "get", "masks"]

@@ -1,0 +1,252 @@
+"""Longformer band attention as blocked einsums: sliding window, dilation, global tokens.
+
+The sequence is split into blocks of `block_size` queries. Each query block attends to the keys
+of its own block and of the R = ceil(window / block_size) blocks on each side (only the left
+ones when causal). Those key blocks are formed by padding the block axis and taking static
+slices, so there is no gather, no `[L, L]` mask or score matrix, and the cost is linear in length:
+per query, (2R + 1) * block_size keys instead of L. Inside the window, a static relative-position
+table of shape `[block, (2R+1) * block]` applies the exact band, and a per-key validity vector
+applies padding, global keys and the sequence end.
+
+Dilation d is a reshape-transpose: positions i with the same i mod d form a contiguous sequence,
+on which a dilated band is an ordinary band of window w. Per-head dilation runs each group of
+heads that shares a dilation value through its own reshape. Global tokens are gathered into a
+static number of slots by a one-hot matmul (no data-dependent shapes): every query attends to
+the global keys (merged with the band by log-sum-exp), and global queries attend to every key.
+Global keys are removed from the band, so a global key inside a window is counted once.
+
+The semantics are those of `attention.masks.longformer_mask`; see that module for the rules.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attention import validation
+from attention.dot_product import NEG_INF, masked_softmax_stats
+
+
+def default_block_size(window: int) -> int:
+  """A block size for a one-sided window: small enough to waste little, large enough for BLAS.
+
+  With block b and window w each query computes (2 ceil(w/b) + 1) b scores for its 2w + 1 keys,
+  so blocks of about w/4 waste ~12%. Blocks below 32 make the matmuls too small to run well.
+  """
+  return int(min(128, max(32, 2 ** math.ceil(math.log2(max(window, 1) / 4)))))
+
+
+def _split_blocks(x, block: int, axis: int):
+  """Reshapes `axis` (a multiple of `block`) into (num_blocks, block)."""
+  shape = x.shape
+  return x.reshape(shape[:axis] + (shape[axis] // block, block) + shape[axis + 1:])
+
+
+def _window_blocks(x, radius_left: int, radius_right: int, block_axis: int):
+  """Concatenates, for every block n, blocks n - radius_left .. n + radius_right.
+
+  `x` has a block axis at `block_axis` followed by the in-block axis. Blocks beyond either end
+  are zeros. Static pads and slices only. Output replaces the in-block axis by
+  (radius_left + radius_right + 1) * block.
+  """
+  nb = x.shape[block_axis]
+  pad = [(0, 0)] * x.ndim
+  pad[block_axis] = (radius_left, radius_right)
+  xp = jnp.pad(x, pad)
+  parts = [jax.lax.slice_in_dim(xp, o, o + nb, axis=block_axis)
+           for o in range(radius_left + radius_right + 1)]
+  return jnp.concatenate(parts, axis=block_axis + 1)
+
+
+def _band_core(q, k, v, key_ok, *, window: int, dilation: int, causal: bool, block: int):
+  """Band attention of one dilation group.
+
+  Args:
+    q, k, v: `[B, L, h, D]`.
+    key_ok: `[B, L]` bool, keys the band may use.
+  Returns:
+    out `[B, L, h, D]` float32 (normalised; 0 where no key), lse `[B, L, h]` float32 (NEG_INF
+    where no key).
+  """
+  b_, length, h, d = q.shape
+  dv = v.shape[-1]
+  class_len = -(-length // dilation)                      # length of each residue class
+  block = min(block, max(8, -(-class_len // 8) * 8))       # never more than one padded class
+  nb = -(-class_len // block)
+  padded = nb * block * dilation
+  pad = padded - length
+  radius = min(-(-window // block) if window > 0 else 0, nb - 1)
+  left, right = radius, (0 if causal else radius)
+
+  def to_blocks(x):  # [B, L, h, D] -> [B, h, dil, nb, block, D]
+    x = jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    x = x.reshape(b_, nb * block, dilation, h, x.shape[-1])
+    x = x.transpose(0, 3, 2, 1, 4)                       # [B, h, dil, Lc, D]
+    return _split_blocks(x, block, 3)
+
+  qb, kb, vb = to_blocks(q), to_blocks(k), to_blocks(v)
+  kw = _window_blocks(kb, left, right, 3)                 # [B, h, dil, nb, W, D]
+  vw = _window_blocks(vb, left, right, 3)
+  ok = jnp.pad(key_ok, ((0, 0), (0, pad))).reshape(b_, nb * block, dilation).transpose(0, 2, 1)
+  okw = _window_blocks(_split_blocks(ok, block, 2), left, right, 2)  # [B, dil, nb, W]
+
+  # Static relative positions inside the window: rel = query - key (in class positions).
+  qpos = np.arange(block)[:, None]
+  kpos = np.arange((left + right + 1) * block)[None, :] - left * block
+  rel = qpos - kpos
+  band = (rel <= window) & (rel >= (0 if causal else -window))      # [block, W]
+  allowed = band & okw[:, None, :, :, None, :]                        # [B, 1, dil, nb, block, W]
+
+  scale = 1.0 / math.sqrt(d)
+  logits = jnp.einsum("bhcnqd,bhcnkd->bhcnqk", qb, kw, preferred_element_type=jnp.float32)
+  p, row_max, row_sum = masked_softmax_stats(logits * scale, allowed)
+  o = jnp.einsum("bhcnqk,bhcnkd->bhcnqd", p, vw.astype(jnp.float32))
+  has = row_sum > 0
+  o = o / jnp.where(has, row_sum, 1.0)
+  lse = jnp.where(has, row_max + jnp.log(jnp.where(has, row_sum, 1.0)), NEG_INF)[..., 0]
+
+  def from_blocks(x):  # [B, h, dil, nb, block, ...] -> [B, L, h, ...]
+    x = x.reshape((b_, h, dilation, nb * block) + x.shape[5:])
+    x = jnp.moveaxis(x, (1, 2), (3, 2))                  # [B, Lc, dil, h, ...]
+    x = x.reshape((b_, padded, h) + x.shape[4:])
+    return x[:, :length]
+
+  return from_blocks(o), from_blocks(lse)
+
+
+def _global_slots(global_mask, num_slots: int):
+  """One-hot `[B, G, L]` float32 selecting the global tokens of each row, in order."""
+  rank = jnp.cumsum(global_mask, axis=1) - 1                         # [B, L]
+  slots = jnp.arange(num_slots)[None, :, None]
+  return ((rank[:, None, :] == slots) & global_mask[:, None, :]).astype(jnp.float32)
+
+
+def _attend_dense(q, k, v, allowed):
+  """Small dense attention returning (normalised out f32, lse f32); q `[B,Lq,H,D]`."""
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+  p, row_max, row_sum = masked_softmax_stats(logits, allowed)
+  has = row_sum > 0
+  o = jnp.einsum("bhqk,bkhd->bqhd", p / jnp.where(has, row_sum, 1.0), v.astype(jnp.float32))
+  lse = jnp.where(has, row_max + jnp.log(jnp.where(has, row_sum, 1.0)), NEG_INF)[..., 0]
+  return o, lse.transpose(0, 2, 1)                                   # lse [B, Lq, H]
+
+
+@functools.partial(jax.jit, static_argnames=("window", "dilations", "causal", "block",
+                                             "num_global"))
+def _band_attention(q, k, v, key_mask, global_mask, *, window, dilations, causal, block,
+                    num_global):
+  b_, length, h, d = q.shape
+  real = jnp.ones((b_, length), bool) if key_mask is None else key_mask
+  glob = None if num_global == 0 else (global_mask & real)
+  band_keys = real if glob is None else real & ~glob
+
+  # Band part, one pass per run of heads sharing a dilation value.
+  outs, lses = [], []
+  start = 0
+  for run_dilation, run_len in _runs(dilations):
+    sl = slice(start, start + run_len)
+    o, lse = _band_core(q[:, :, sl], k[:, :, sl], v[:, :, sl], band_keys, window=window,
+                        dilation=run_dilation, causal=causal, block=block)
+    outs.append(o)
+    lses.append(lse)
+    start += run_len
+  out = jnp.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]   # [B, L, H, Dv]
+  lse = jnp.concatenate(lses, axis=2) if len(lses) > 1 else lses[0]   # [B, L, H]
+
+  if glob is not None:
+    sel = _global_slots(glob, num_global)                             # [B, G, L]
+    slot_ok = jnp.sum(sel, axis=2) > 0                                # [B, G]
+    positions = jnp.arange(length)
+    slot_pos = jnp.einsum("bgl,l->bg", sel, positions.astype(jnp.float32))
+    gather = lambda x: jnp.einsum("bgl,blhd->bghd", sel, x.astype(jnp.float32))
+    kg, vg, qg = gather(k), gather(v), gather(q)
+    # Every query attends to the global keys; merge with the band by log-sum-exp.
+    allowed = slot_ok[:, None, None, :]
+    if causal:
+      allowed = allowed & (slot_pos[:, None, None, :] <= positions[None, None, :, None])
+    og, lseg = _attend_dense(q.astype(jnp.float32), kg, vg, allowed)
+    total = jnp.logaddexp(lse, lseg)
+    out = (out * jnp.exp(lse - total)[..., None] + og * jnp.exp(lseg - total)[..., None])
+    # Global queries attend to every real key.
+    allowed = real[:, None, None, :]
+    if causal:
+      allowed = allowed & (positions[None, None, None, :] <= slot_pos[:, None, :, None])
+    oq, _ = _attend_dense(qg, k, v, allowed)                          # [B, G, H, Dv]
+    scattered = jnp.einsum("bgl,bghd->blhd", sel, oq)
+    out = jnp.where(glob[:, :, None, None], scattered, out)
+    # A row with more global tokens than slots cannot be represented: poison it visibly.
+    overflow = jnp.sum(glob, axis=1) > num_global                     # [B]
+    out = jnp.where(overflow[:, None, None, None], jnp.nan, out)
+
+  out = jnp.where(real[:, :, None, None], out, 0.0)
+  return out.astype(q.dtype)
+
+
+def _runs(values):
+  """Run-length encoding of a tuple: [(value, count), ...] in order."""
+  runs = []
+  for x in values:
+    if runs and runs[-1][0] == x:
+      runs[-1][1] += 1
+    else:
+      runs.append([x, 1])
+  return [tuple(r) for r in runs]
+
+
+def band_attention(q, k, v, *, window: int, dilation=1, causal: bool = False, global_mask=None,
+                   key_mask=None, block_size: int | None = None, max_global: int | None = None):
+  """Longformer attention: sliding window with dilation and global tokens, linear in length.
+
+  Args:
+    q, k, v: `[B, L, H, D]` (v may have its own last dimension).
+    window: one-sided window w >= 0: query i sees keys j with |i - j| <= w * dilation and
+      (i - j) a multiple of the dilation; with `causal`, only j <= i.
+    dilation: an int >= 1, or a sequence of one int per head.
+    causal: autoregressive attention (also applied to global pairs).
+    global_mask: optional bool `[B, L]`: global tokens attend to every real key and every
+      query attends to them.
+    key_mask: optional bool `[B, L]`, True = real token. Padded queries output 0.
+    block_size: queries per block; None picks one from the window (`default_block_size`).
+    max_global: static upper bound on the number of global tokens per row. Inferred from a
+      concrete `global_mask`; required when `global_mask` is traced (inside `jax.jit`). Under
+      jit, a row with more global tokens than `max_global` outputs NaN.
+
+  Returns:
+    `[B, L, H, Dv]` in q's dtype, equal to `dot_product_attention` with
+    `masks.longformer_mask(...)`.
+  """
+  b_, length, _, h, _ = validation.check_qkv(q, k, v, same_length=True)
+  window = validation.check_window(window)
+  dilations = validation.head_dilations(dilation, h)
+  validation.check_token_mask("key_mask", key_mask, b_, length)
+  validation.check_token_mask("global_mask", global_mask, b_, length)
+  if block_size is None:
+    block_size = default_block_size(window)
+  elif isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
+      or block_size < 1:
+    raise ValueError(f"block_size must be a positive int or None, got {block_size!r}.")
+  num_global = 0
+  if global_mask is not None:
+    concrete = not isinstance(global_mask, jax.core.Tracer)
+    counts = np.asarray(global_mask).sum(axis=1) if concrete else None
+    if max_global is not None:
+      num_global = int(max_global)
+      if counts is not None and counts.size and counts.max() > num_global:
+        raise ValueError(
+            f"global_mask has {int(counts.max())} global tokens in a row but max_global is "
+            f"{num_global}: raise max_global.")
+    elif isinstance(global_mask, jax.core.Tracer):
+      raise ValueError(
+          "global_mask is traced (band_attention is called inside jax.jit), so the number of "
+          "global tokens is not known at trace time: pass max_global=<upper bound on global "
+          "tokens per row>.")
+    else:
+      num_global = int(counts.max()) if counts.size else 0
+  return _band_attention(q, k, v, key_mask, global_mask if num_global else None, window=window,
+                         dilations=dilations, causal=causal, block=int(block_size),
+                         num_global=num_global)

@@ -1,0 +1,81 @@
+"""Dense softmax attention: the reference every other primitive is tested against.
+
+It materialises the full `[batch, heads, Lq, Lk]` score matrix, so it is O(L^2) in time and
+memory. Its masking rules are the codebase's conventions:
+  * softmax statistics in float32 whatever the input dtype;
+  * masked logits get a finite large negative value, and masked probabilities are then set to
+    exactly 0, so a query with no allowed key outputs exactly 0 (never NaN, never a uniform
+    average over masked keys);
+  * padded queries output 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attention import masks, validation
+
+# Finite large negative for masked logits (float32 statistics).
+NEG_INF = -1e30
+
+
+def masked_softmax_stats(logits, allowed):
+  """Numerically safe masked softmax pieces over the last axis, in float32.
+
+  Returns (p, row_max, row_sum) with `p = exp(logits - row_max)` where allowed and exactly 0
+  elsewhere. A row with nothing allowed has p = 0 and row_sum = 0.
+  """
+  logits = jnp.where(allowed, logits, NEG_INF)
+  row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  p = jnp.where(allowed, jnp.exp(logits - row_max), 0.0)
+  return p, row_max, jnp.sum(p, axis=-1, keepdims=True)
+
+
+def dot_product_attention(q, k, v, *, mask=None, causal: bool = False, key_mask=None,
+                          query_mask=None):
+  """Dense multi-head attention with the codebase's masking rules.
+
+  Args:
+    q: `[B, Lq, H, D]` queries.
+    k: `[B, Lk, H, D]` keys.
+    v: `[B, Lk, H, Dv]` values.
+    mask: optional bool, broadcastable to `[B, H, Lq, Lk]`, True = allowed (for example a
+      pattern from `attention.masks`).
+    causal: allow key j for query i only when j <= i.
+    key_mask: optional bool `[B, Lk]`, True = real key.
+    query_mask: optional bool `[B, Lq]`, True = real query; padded queries output 0. Defaults
+      to `key_mask` when q and k have the same length (self-attention).
+
+  Returns:
+    `[B, Lq, H, Dv]` in q's dtype.
+  """
+  b, lq, lk, h, d = validation.check_qkv(q, k, v)
+  validation.check_token_mask("key_mask", key_mask, b, lk)
+  validation.check_token_mask("query_mask", query_mask, b, lq)
+  if query_mask is None and key_mask is not None and lq == lk:
+    query_mask = key_mask
+
+  allowed = jnp.ones((1, 1, lq, lk), bool)
+  if mask is not None:
+    mask = jnp.asarray(mask, bool)
+    try:
+      jnp.broadcast_shapes(mask.shape, (b, h, lq, lk))
+    except ValueError:
+      raise ValueError(
+          f"mask of shape {tuple(mask.shape)} does not broadcast to [batch, heads, Lq, Lk] = "
+          f"{(b, h, lq, lk)}.")
+    allowed = allowed & mask
+  if causal:
+    allowed = allowed & masks.causal_mask(lq, lk)
+  if key_mask is not None:
+    allowed = allowed & jnp.asarray(key_mask, bool)[:, None, None, :]
+  if query_mask is not None:
+    allowed = allowed & jnp.asarray(query_mask, bool)[:, None, :, None]
+
+  scale = 1.0 / jnp.sqrt(jnp.float32(d))
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+  p, _, row_sum = masked_softmax_stats(logits, allowed)
+  p = p / jnp.where(row_sum > 0, row_sum, 1.0)
+  out = jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32))
+  return out.astype(q.dtype)

@@ -1,0 +1,76 @@
+"""Argument checks shared by the attention primitives.
+
+Every public primitive validates its inputs here before tracing anything heavy, so that a wrong
+shape or an impossible setting fails with a message that says what is wrong and what to pass
+instead, rather than with an XLA shape error deep inside an einsum.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def check_qkv(q, k, v, *, same_length: bool = False) -> tuple[int, int, int, int, int]:
+  """Checks `q, k, v: [batch, length, heads, head_dim]`; returns (B, Lq, Lk, H, D)."""
+  for name, x in (("q", q), ("k", k), ("v", v)):
+    if x.ndim != 4:
+      raise ValueError(
+          f"{name} must have shape [batch, length, heads, head_dim], got shape {tuple(x.shape)} "
+          f"({x.ndim} dims).")
+  b, lq, h, d = q.shape
+  if k.shape[0] != b or k.shape[2] != h or k.shape[3] != d:
+    raise ValueError(
+        f"q and k must agree in batch, heads and head_dim: q {tuple(q.shape)}, k {tuple(k.shape)}.")
+  if v.shape[:3] != k.shape[:3]:
+    raise ValueError(
+        f"k and v must agree in batch, length and heads: k {tuple(k.shape)}, v {tuple(v.shape)}.")
+  lk = k.shape[1]
+  if same_length and lq != lk:
+    raise ValueError(
+        f"this attention is self-attention: q and k must have the same length, got {lq} and {lk}.")
+  return b, lq, lk, h, d
+
+
+def check_token_mask(name: str, mask, batch: int, length: int) -> None:
+  """Checks a per-token boolean mask of shape [batch, length]."""
+  if mask is None:
+    return
+  shape = tuple(np.shape(mask))
+  if shape != (batch, length):
+    raise ValueError(
+        f"{name} must have shape [batch, length] = ({batch}, {length}), got {shape}.")
+  dtype = np.dtype(getattr(mask, "dtype", np.asarray(mask).dtype))
+  if dtype != np.bool_:
+    raise ValueError(f"{name} must be boolean (True = real token), got dtype {dtype}.")
+
+
+def check_window(window) -> int:
+  """Checks a one-sided window size: a non-negative Python int."""
+  if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
+    raise ValueError(f"window must be a non-negative int (one-sided), got {window!r}.")
+  if window < 0:
+    raise ValueError(
+        f"window must be non-negative (it is one-sided: a query sees keys up to `window` "
+        f"positions away on each side), got {window}.")
+  return int(window)
+
+
+def head_dilations(dilation, num_heads: int) -> tuple[int, ...]:
+  """Normalises `dilation` (an int, or one int per head) to a tuple of `num_heads` ints >= 1."""
+  if isinstance(dilation, (int, np.integer)) and not isinstance(dilation, bool):
+    values: Sequence = (int(dilation),) * num_heads
+  else:
+    try:
+      values = tuple(int(d) for d in np.asarray(dilation).reshape(-1))
+    except (TypeError, ValueError):
+      raise ValueError(
+          f"dilation must be an int or a sequence of ints (one per head), got {dilation!r}.")
+    if len(values) != num_heads:
+      raise ValueError(
+          f"per-head dilation needs exactly one value per head: got {len(values)} values "
+          f"{list(values)} for {num_heads} heads.")
+  if any(d < 1 for d in values):
+    raise ValueError(f"dilation values must be >= 1, got {list(values)}.")
+  return tuple(values)

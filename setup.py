@@ -1,0 +1,34 @@
+"""Installable package for the long-range transformer codebase.
+
+The core dependencies are pinned exactly: results in this codebase are only comparable across
+machines when the numerical stack is the same. Benchmark-only peers (PyTorch, Hugging Face
+transformers) live in the `bench` extra and are never needed to use or test the library.
+"""
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "tensorflow-datasets==4.9.10",
+    "grain==0.2.18",
+    "ml-collections==1.1.0",
+    "chex==0.1.92",
+    "numpy==2.4.6",
+]
+
+setup(
+    name="longrange",
+    version="0.1.0",
+    description="Efficient attention primitives, models and Long Range Arena tasks in JAX/Flax NNX.",
+    python_requires=">=3.11",
+    packages=find_packages(include=["attention*", "models*", "lra*", "configs*", "launch*"]),
+    install_requires=CORE,
+    extras_require={
+        "test": ["pytest==9.2.0"],
+        "bench": ["torch==2.13.0", "transformers==5.23.0", "matplotlib==3.11.2"],
+    },
+)
