@@ -1,0 +1,1 @@
+"""Speed, memory and accuracy benchmarks (run as scripts; never imported by library code)."""
