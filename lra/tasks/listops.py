@@ -1,0 +1,459 @@
+"""ListOps (LRA): the generator, the released TSV format, a fixed vocabulary, and the tfds dataset.
+
+A ListOps example is a prefix expression over the digits 0-9 with the operators `[MIN`, `[MAX`,
+`[MED` (median, truncated to an int) and `[SM` (sum mod 10), each closed by `]`, e.g.
+`[MAX 2 9 [MIN 4 7 ] 0 ]` -> 9. The label is the value of the expression (10 classes).
+
+Generator: the grammar of the LRA generator (`lra_benchmarks/data/listops.py`). A node at depth
+< max_depth (the root is at depth 1) is an operator with probability 0.25, otherwise a uniform
+digit; an operator draws its operator uniformly and 2..max_args (inclusive, uniform) children.
+Trees are kept when `gen_min_length < tokens < gen_max_length` (strict, as in LRA) and are unique
+across all three splits. LRA used max_depth 10, max_args 10 and lengths (500, 2000). Unlike LRA,
+the generator is seeded, and a tree that grows past the upper bound is abandoned as soon as it
+does (the kept trees have the same distribution; only rejected work is skipped). Splits are drawn
+in the order test, validation, train, so the evaluation splits do not change with `num_train`.
+
+Released format: `lra_release/listops-1000/basic_{train,val,test}.tsv`, a header `Source\tTarget`,
+then one row per example whose source is the tree written as left-nested pairs,
+`( ( ( [MAX 2 ) 9 ) ] )` for `[MAX 2 9 ]`. Tokenisation drops `(` and `)` and splits on
+whitespace. `to_released_string` and `write_tsv` write this format; `python -m lra.tasks.listops
+--output_dir=DIR` writes generated TSVs like the LRA script.
+
+Vocabulary: fixed, not built from data (LRA built it from a Python `set`, so token ids depended on
+PYTHONHASHSEED). Ids: 0 padding, 1-10 the digits 0-9, 11 `[MIN`, 12 `[MAX`, 13 `[MED`, 14 `[SM`,
+15 `]`, 16 unknown token.
+
+Storage: a tfds GeneratorBasedBuilder writes array_record files (no TensorFlow needed) with one
+BuilderConfig per data origin: `released` (from the TSVs in data_dir) or one named after the
+generator settings. `get_source` builds the dataset when missing and returns a random-access
+source of padded `int32` examples for grain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import logging
+import os
+import random
+from typing import Iterable, Iterator, Sequence
+
+from etils import epath
+import ml_collections
+import numpy as np
+import tensorflow_datasets as tfds
+
+NAME = "listops"
+NUM_CLASSES = 10
+MODEL = "classifier"
+
+VOCAB = ("<pad>", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
+         "[MIN", "[MAX", "[MED", "[SM", "]", "<unk>")
+PAD_ID = 0
+UNK_ID = len(VOCAB) - 1
+VOCAB_SIZE = len(VOCAB)
+TOKEN_TO_ID = {tok: i for i, tok in enumerate(VOCAB) if i not in (PAD_ID, UNK_ID)}
+OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
+_DIGIT0 = TOKEN_TO_ID["0"]        # id of digit d is _DIGIT0 + d
+_OP0 = TOKEN_TO_ID["[MIN"]        # ids of OPERATORS are _OP0 + 0..3
+END_ID = TOKEN_TO_ID["]"]
+VALUE_P = 0.25                    # probability that a node above max_depth is an operator
+
+SPLITS = ("train", "validation", "test")
+RELEASED_FILES = {"train": "basic_train.tsv", "validation": "basic_val.tsv",
+                  "test": "basic_test.tsv"}
+RELEASED_DIRS = ("lra_release/listops-1000", "lra_release/lra_release/listops-1000",
+                 "listops-1000", ".")
+RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
+
+log = logging.getLogger(__name__)
+
+
+def data_config() -> ml_collections.ConfigDict:
+  """Data settings with the LRA defaults; configs override fields (sizes, lengths, data_dir)."""
+  c = ml_collections.ConfigDict()
+  c.data_dir = "~/lra_data/listops"  # tfds datasets, and released TSVs under lra_release/...
+  c.max_length = 2000                # tokens per example after truncation/padding
+  c.generate = True                  # without released TSVs, build from the generator
+  c.num_train = 96_000
+  c.num_val = 2_000
+  c.num_test = 2_000
+  c.gen_min_length = 500             # kept trees have gen_min_length < tokens < gen_max_length
+  c.gen_max_length = 2000
+  c.max_depth = 10
+  c.max_args = 10
+  c.seed = 0
+  return c
+
+
+# ----------------------------------------------------------------------------------------------
+# Generator.
+
+
+class _TooLong(Exception):
+  pass
+
+
+class _Sampler:
+  """Draws trees of the LRA grammar as token-id lists, with their values, from one seeded stream.
+
+  One uniform draw per node: u <= VALUE_P makes an operator, otherwise (u - VALUE_P) / (1 -
+  VALUE_P) is a fresh uniform that picks the digit. An operator's single draw picks both its
+  operator (4 ways) and its arity (max_args - 1 ways). The law is that of the LRA generator.
+  """
+
+  def __init__(self, seed: int, max_depth: int, max_args: int):
+    if max_depth < 1 or max_args < 2:
+      raise ValueError(f"need max_depth >= 1 and max_args >= 2, got {max_depth}, {max_args}.")
+    self._rand = random.Random(seed).random
+    self._max_depth = max_depth
+    self._num_kinds = 4 * (max_args - 1)
+
+  def _node(self, depth: int, out: list, limit: int) -> int:
+    """Appends an operator node at `depth` to `out`; returns its value."""
+    if len(out) >= limit:
+      raise _TooLong
+    rand = self._rand
+    kind = int(rand() * self._num_kinds)
+    op, num_args = kind & 3, 2 + (kind >> 2)
+    out.append(_OP0 + op)
+    child_depth = depth + 1
+    if child_depth < self._max_depth:
+      vals = []
+      for _ in range(num_args):
+        u = rand()
+        if u <= VALUE_P:
+          v = self._node(child_depth, out, limit)
+        else:
+          v = int((u - VALUE_P) * 40.0) // 3  # uniform 0..9 (VALUE_P = 1/4)
+          out.append(_DIGIT0 + v)
+        vals.append(v)
+    else:  # children at max_depth are always digits
+      vals = [int(rand() * 10) for _ in range(num_args)]
+      out.extend([_DIGIT0 + v for v in vals])
+    out.append(END_ID)
+    return _apply(op, vals)
+
+  def tree(self, limit: int) -> tuple[list, int] | None:
+    """One tree from the root (depth 1); None if it reached `limit` tokens."""
+    u = self._rand()
+    if u > VALUE_P or self._max_depth <= 1:
+      v = int(self._rand() * 10)
+      return [_DIGIT0 + v], v
+    out = []
+    try:
+      v = self._node(1, out, limit)
+    except _TooLong:
+      return None
+    return out, v
+
+
+def _apply(op: int, vals: list) -> int:
+  if op == 0:
+    return min(vals)
+  if op == 1:
+    return max(vals)
+  if op == 2:  # int(np.median(vals)) for non-negative ints
+    vals = sorted(vals)
+    m = len(vals) // 2
+    return vals[m] if len(vals) % 2 else (vals[m - 1] + vals[m]) // 2
+  return sum(vals) % 10
+
+
+def generate(num: int, *, min_length: int, max_length: int, max_depth: int = 10,
+             max_args: int = 10, seed: int = 0,
+             exclude: set | None = None) -> list[tuple[np.ndarray, int]]:
+  """Generates `num` unique trees with min_length < tokens < max_length.
+
+  Returns a list of (token ids as uint8 [n], label). Trees whose bytes are in `exclude` are
+  skipped, and the kept ones are added to it (pass one set to keep splits disjoint).
+  """
+  if max_length - min_length < 2 or max_length <= 4:
+    raise ValueError(
+        f"no ListOps tree has min_length < length < max_length for ({min_length}, "
+        f"{max_length}); an operator node has at least 4 tokens, so use e.g. (20, 200).")
+  seen = set() if exclude is None else exclude
+  sampler = _Sampler(seed, max_depth, max_args)
+  out = []
+  tries = 0
+  while len(out) < num:
+    tries += 1
+    if tries > 1000 * (num + 100) and not out:
+      raise RuntimeError(f"the generator keeps no tree with lengths in ({min_length}, "
+                         f"{max_length}); max_depth={max_depth}, max_args={max_args} is too small.")
+    drawn = sampler.tree(max_length)
+    if drawn is None or not min_length < len(drawn[0]) < max_length:
+      continue
+    key = bytes(drawn[0])
+    if key in seen:
+      continue
+    seen.add(key)
+    out.append((np.frombuffer(key, np.uint8), drawn[1]))
+  return out
+
+
+def evaluate(ids: Sequence[int]) -> int:
+  """The value of a token-id sequence (a tree in prefix form); raises on malformed input."""
+  stack = [[None, []]]
+  for t in ids:
+    t = int(t)
+    if _DIGIT0 <= t < _DIGIT0 + 10:
+      stack[-1][1].append(t - _DIGIT0)
+    elif _OP0 <= t < _OP0 + 4:
+      stack.append([t - _OP0, []])
+    elif t == END_ID and len(stack) > 1:
+      op, vals = stack.pop()
+      if not vals:
+        raise ValueError("an operator has no arguments.")
+      stack[-1][1].append(_apply(op, vals))
+    else:
+      raise ValueError(f"token id {t} does not fit here in a ListOps expression.")
+  if len(stack) != 1 or len(stack[0][1]) != 1:
+    raise ValueError("not one complete ListOps expression.")
+  return stack[0][1][0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Released TSV format.
+
+
+def tokenize(source: str) -> list[str]:
+  """Whitespace tokens of a released `Source` string without the pair parentheses."""
+  return [t for t in source.split() if t not in ("(", ")")]
+
+
+def encode(source: str) -> np.ndarray:
+  """Token ids (uint8) of a released `Source` string; unknown tokens map to UNK_ID."""
+  return np.array([TOKEN_TO_ID.get(t, UNK_ID) for t in tokenize(source)], np.uint8)
+
+
+def to_released_string(ids: Sequence[int]) -> str:
+  """Writes a tree as the LRA generator does: operator and arguments as left-nested pairs.
+
+  `[MAX 2 9 ]` becomes `( ( ( [MAX 2 ) 9 ) ] )`: the pair (((op, 2), 9), END).
+  """
+  frames = [[None, []]]  # [operator token, argument strings]
+  for t in ids:
+    t = int(t)
+    if _OP0 <= t < _OP0 + 4:
+      frames.append([VOCAB[t], []])
+    elif t == END_ID and len(frames) > 1:
+      op, args = frames.pop()
+      frames[-1][1].append(
+          "( " * (len(args) + 1) + op + "".join(f" {a} )" for a in args) + " ] )")
+    elif 0 < t < UNK_ID and t != END_ID:
+      frames[-1][1].append(VOCAB[t])
+    else:
+      raise ValueError(f"token id {t} does not fit here in a ListOps expression.")
+  if len(frames) != 1 or len(frames[0][1]) != 1:
+    raise ValueError("not one complete ListOps expression.")
+  return frames[0][1][0]
+
+
+def write_tsv(path: str, rows: Iterable[tuple[Sequence[int], int]]) -> None:
+  """Writes (token ids, label) rows as a released-format TSV with the `Source\\tTarget` header."""
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f, delimiter="\t")
+    writer.writerow(["Source", "Target"])
+    for ids, label in rows:
+      writer.writerow([to_released_string(ids), int(label)])
+
+
+def read_tsv(path: str) -> Iterator[tuple[np.ndarray, int]]:
+  """Yields (token ids uint8, label) from a released-format TSV."""
+  with open(path, newline="") as f:
+    reader = csv.reader(f, delimiter="\t")
+    header = next(reader, None)
+    if header != ["Source", "Target"]:
+      raise ValueError(f"{path}: expected the header 'Source<TAB>Target', got {header!r}.")
+    for line, row in enumerate(reader, start=2):
+      if len(row) != 2:
+        raise ValueError(f"{path}:{line}: expected 2 tab-separated fields, got {len(row)}.")
+      label = int(row[1])
+      if not 0 <= label < NUM_CLASSES:
+        raise ValueError(f"{path}:{line}: label {label} is not in 0..{NUM_CLASSES - 1}.")
+      yield encode(row[0]), label
+
+
+# ----------------------------------------------------------------------------------------------
+# tfds dataset (array_record) and the random-access source.
+
+
+@dataclasses.dataclass
+class ListOpsConfig(tfds.core.BuilderConfig):
+  """Where the examples come from: the released TSVs in a directory, or the generator."""
+  released_dir: str = ""  # set: read RELEASED_FILES from it; empty: generate
+  num_train: int = 0
+  num_val: int = 0
+  num_test: int = 0
+  gen_min_length: int = 500
+  gen_max_length: int = 2000
+  max_depth: int = 10
+  max_args: int = 10
+  seed: int = 0
+
+
+class ListOpsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """ListOps as variable-length uint8 token ids and an int32 label; prepare as array_record."""
+
+  name = "lra_listops"
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Released LRA TSVs or the seeded generator; fixed vocabulary."}
+  BUILDER_CONFIGS = [ListOpsConfig(name="released", description="LRA release TSVs.")]
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    # tfds' default lookup goes through importlib_resources, which is not a dependency here.
+    return epath.Path(__file__)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=__doc__,
+        features=tfds.features.FeaturesDict({
+            "inputs": tfds.features.Tensor(shape=(None,), dtype=np.uint8),  # ids, no padding
+            "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
+        }),
+        homepage="https://github.com/google-research/long-range-arena",
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    cfg = self.builder_config
+    if cfg.released_dir:
+      return {split: self._generate_examples(read_tsv(os.path.join(cfg.released_dir, f)))
+              for split, f in RELEASED_FILES.items()}
+    seen = set()  # the three splits are disjoint; test and validation do not depend on num_train
+    kw = dict(min_length=cfg.gen_min_length, max_length=cfg.gen_max_length,
+              max_depth=cfg.max_depth, max_args=cfg.max_args, exclude=seen)
+    test = generate(cfg.num_test, seed=cfg.seed * 3 + 2, **kw)
+    val = generate(cfg.num_val, seed=cfg.seed * 3 + 1, **kw)
+    train = generate(cfg.num_train, seed=cfg.seed * 3, **kw)
+    return {"train": self._generate_examples(train),
+            "validation": self._generate_examples(val),
+            "test": self._generate_examples(test)}
+
+  def _generate_examples(self, rows):
+    unknown = 0
+    for i, (ids, label) in enumerate(rows):
+      unknown += int(np.count_nonzero(ids == UNK_ID))
+      yield i, {"inputs": ids, "targets": np.int32(label)}
+    if unknown:
+      log.warning("ListOps: %d tokens outside the vocabulary were mapped to <unk> (id %d).",
+                  unknown, UNK_ID)
+
+
+def find_released(data_dir: str) -> str | None:
+  """The directory under data_dir holding all released TSVs, or None."""
+  for sub in RELEASED_DIRS:
+    d = os.path.normpath(os.path.join(data_dir, sub))
+    if all(os.path.isfile(os.path.join(d, f)) for f in RELEASED_FILES.values()):
+      return d
+  return None
+
+
+def builder_config(data_cfg: ml_collections.ConfigDict) -> ListOpsConfig:
+  """The BuilderConfig for data_cfg: released TSVs when present, else the generator settings."""
+  data_dir = os.path.expanduser(data_cfg.data_dir)
+  released = find_released(data_dir)
+  if released:
+    return ListOpsConfig(name="released", released_dir=released,
+                         description=f"LRA release TSVs from {released}.")
+  if not data_cfg.generate:
+    expected = os.path.join(data_dir, RELEASED_DIRS[0])
+    raise FileNotFoundError(
+        f"ListOps data not found: expected {', '.join(RELEASED_FILES.values())} in {expected} "
+        f"(the layout of the LRA release {RELEASE_URL}: extract it into {data_dir}, or copy the "
+        f"three files of lra_release/listops-1000 there). Or set data.generate=True to build "
+        f"the dataset from the ListOps generator.")
+  c = data_cfg
+  name = (f"generated_len{c.gen_min_length}to{c.gen_max_length}_depth{c.max_depth}"
+          f"_args{c.max_args}_n{c.num_train}x{c.num_val}x{c.num_test}_seed{c.seed}")
+  return ListOpsConfig(
+      name=name, num_train=c.num_train, num_val=c.num_val, num_test=c.num_test,
+      gen_min_length=c.gen_min_length, gen_max_length=c.gen_max_length,
+      max_depth=c.max_depth, max_args=c.max_args, seed=c.seed,
+      description="Generated with the LRA ListOps grammar.")
+
+
+def build(data_cfg: ml_collections.ConfigDict) -> ListOpsBuilder:
+  """Prepares the array_record dataset for data_cfg if it is not there yet; returns the builder."""
+  builder = ListOpsBuilder(config=builder_config(data_cfg),
+                           data_dir=os.path.expanduser(data_cfg.data_dir))
+  if not builder.is_prepared():
+    log.info("ListOps: preparing %s in %s", builder.builder_config.name, builder.data_dir)
+    builder.download_and_prepare(
+        file_format="array_record",
+        download_config=tfds.download.DownloadConfig(
+            compute_stats=tfds.download.ComputeStatsMode.SKIP))
+  return builder
+
+
+class PaddedSource:
+  """Random access to one split: {"inputs": int32 [max_length] (0 = padding), "targets": int32}.
+
+  Longer examples keep their first max_length tokens (as LRA does).
+  """
+
+  def __init__(self, source, max_length: int):
+    self._source = source
+    self.max_length = int(max_length)
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def _pad(self, record: dict) -> dict:
+    ids = record["inputs"][:self.max_length]
+    inputs = np.zeros(self.max_length, np.int32)  # [L]
+    inputs[:len(ids)] = ids
+    return {"inputs": inputs, "targets": np.int32(record["targets"])}
+
+  def __getitem__(self, index: int) -> dict:
+    if not 0 <= index < len(self._source):
+      raise IndexError(f"index {index} out of range for a split of {len(self._source)} examples.")
+    return self._pad(self._source[int(index)])
+
+  def __getitems__(self, indices: Sequence[int]) -> list[dict]:
+    return [self._pad(r) for r in self._source.__getitems__([int(i) for i in indices])]
+
+  def __repr__(self) -> str:
+    return f"PaddedSource({self._source!r}, max_length={self.max_length})"
+
+
+def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> PaddedSource:
+  """A random-access source for `split` ("train", "validation" or "test"); builds data if needed."""
+  if split not in SPLITS:
+    raise ValueError(f"unknown ListOps split {split!r}; valid splits: {', '.join(SPLITS)}.")
+  builder = build(data_cfg)
+  if (not builder.builder_config.released_dir
+      and data_cfg.gen_max_length - 1 > data_cfg.max_length):
+    log.warning("ListOps: generated examples have up to %d tokens but max_length is %d; longer "
+                "ones are truncated.", data_cfg.gen_max_length - 1, data_cfg.max_length)
+  return PaddedSource(builder.as_data_source(split=split), data_cfg.max_length)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """Writes generated `{task}_{train,val,test}.tsv` in the released format, like the LRA script."""
+  d = data_config()
+  p = argparse.ArgumentParser(description=main.__doc__)
+  p.add_argument("--output_dir", required=True)
+  p.add_argument("--task", default="basic")
+  for key in ("num_train", "num_val", "num_test", "gen_min_length", "gen_max_length",
+              "max_depth", "max_args", "seed"):
+    p.add_argument(f"--{key}", type=int, default=d[key])
+  a = p.parse_args(argv)
+  os.makedirs(a.output_dir, exist_ok=True)
+  seen = set()
+  kw = dict(min_length=a.gen_min_length, max_length=a.gen_max_length, max_depth=a.max_depth,
+            max_args=a.max_args, exclude=seen)
+  for suffix, num, offset in (("test", a.num_test, 2), ("val", a.num_val, 1),
+                              ("train", a.num_train, 0)):
+    path = os.path.join(a.output_dir, f"{a.task}_{suffix}.tsv")
+    write_tsv(path, generate(num, seed=a.seed * 3 + offset, **kw))
+    print(f"wrote {num} examples to {path}")
+
+
+if __name__ == "__main__":
+  main()
