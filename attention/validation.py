@@ -41,7 +41,7 @@ def check_token_mask(name: str, mask, batch: int, length: int) -> None:
   if shape != (batch, length):
     raise ValueError(
         f"{name} must have shape [batch, length] = ({batch}, {length}), got {shape}.")
-  dtype = np.dtype(getattr(mask, "dtype", np.asarray(mask).dtype))
+  dtype = np.dtype(mask.dtype if hasattr(mask, "dtype") else np.asarray(mask).dtype)
   if dtype != np.bool_:
     raise ValueError(f"{name} must be boolean (True = real token), got dtype {dtype}.")
 
