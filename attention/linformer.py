@@ -1,0 +1,134 @@
+"""Linformer attention (Wang et al. 2020): keys and values projected along the length axis.
+
+Keys and values of length L are compressed to K slots by `[N, K]` projections E (keys) and F
+(values), N being the longest input the projections were built for:
+
+    K' = E[:L]^T K,   V' = F[:L]^T V,   out = softmax(Q K'^T / sqrt(D)) V'
+
+so time and memory are O(L K) instead of O(L^2).
+
+Explicit choices (the reference implementations leave these undefined or get them wrong):
+  * Length. The projections have N rows. An input of length L <= N uses the first L rows (the
+    fairseq convention); an input longer than N is refused, since the positions past N have no
+    projection row: build the projections with a larger projected input length.
+  * Padding. Padded keys and values are set to zero *before* the projection, so a padded
+    position adds nothing to any slot and the rows of E and F at padded positions are never
+    used. (The public codes mix padded tokens into every slot; with a bias in the key/value
+    projection the padded tokens are not even zero.) A slot that no real position feeds (all
+    of its nonzero weights in E and F sit at padded positions or past L, which happens with
+    sparse projections such as identity or pooling) is removed from the softmax instead of
+    taking part as a zero key with logit 0 and zero value, which would absorb probability
+    mass. The softmax normaliser therefore runs over the slots fed by real tokens only, and
+    the same real tokens at the same positions give the same outputs whatever the amount of
+    trailing padding. What it cannot remove: each slot is a weighted sum over the real tokens,
+    so slot keys and values grow with the number of real tokens (inherent to Linformer).
+    Padded queries output 0; a row with no real token outputs 0.
+  * Causality. Every slot mixes all positions, so Linformer cannot be causal; `causal=True` is
+    refused.
+  * Sharing (paper, section 4): `proj_k` and `proj_v` are `[N, K]` (one matrix shared by all
+    heads: "headwise" sharing) or `[H, N, K]` (one per head). Key-value sharing is passing the
+    same array as `proj_k` and `proj_v`; layerwise sharing is the model passing the same array
+    to every layer. The parameters are owned by the model layer, not by this function.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attention import validation
+from attention.dot_product import masked_softmax_stats
+
+
+def _check_projection(name: str, proj, length: int, heads: int) -> None:
+  shape = tuple(np.shape(proj))
+  if len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != heads):
+    raise ValueError(
+        f"{name} must have shape [max_length, projected_length] (shared by all heads) or "
+        f"[heads, max_length, projected_length] = [{heads}, N, K] (one per head), got {shape}.")
+  if shape[-2] < length:
+    raise ValueError(
+        f"input length {length} is longer than the projected input length {shape[-2]} of "
+        f"{name} (shape {shape}): Linformer has no projection row for positions past "
+        f"{shape[-2]}; rebuild the projections with a projected input length (max_length) of "
+        f"at least {length}.")
+
+
+def _project(x, proj):
+  """Projects `[B, L, H, D]` along L with `[L, K]` or `[H, L, K]`; returns `[B, K, H, D]`."""
+  if proj.ndim == 2:
+    return jnp.einsum("blhd,lk->bkhd", x, proj, preferred_element_type=jnp.float32)
+  return jnp.einsum("blhd,hlk->bkhd", x, proj, preferred_element_type=jnp.float32)
+
+
+def _fed_slots(real, proj):
+  """`[B, H|1, K]` bool: slots with a nonzero projection weight at some real position."""
+  nonzero = (proj != 0).astype(jnp.float32)
+  real = real.astype(jnp.float32)
+  if proj.ndim == 2:
+    return (jnp.einsum("bl,lk->bk", real, nonzero) > 0)[:, None, :]
+  return jnp.einsum("bl,hlk->bhk", real, nonzero) > 0
+
+
+@jax.jit
+def _linformer(q, k, v, proj_k, proj_v, key_mask, query_mask):
+  b_, lq, h, d = q.shape
+  lk = k.shape[1]
+  proj_k = jax.lax.slice_in_dim(proj_k, 0, lk, axis=proj_k.ndim - 2)  # [(H,) L, K]
+  proj_v = jax.lax.slice_in_dim(proj_v, 0, lk, axis=proj_v.ndim - 2)
+  real = jnp.ones((b_, lk), bool) if key_mask is None else key_mask    # [B, L]
+  zero_pad = lambda x: jnp.where(real[:, :, None, None], x, jnp.zeros((), x.dtype))
+  kp = _project(zero_pad(k), proj_k.astype(k.dtype))                  # [B, K, H, D] f32
+  vp = _project(zero_pad(v), proj_v.astype(v.dtype))                  # [B, K, H, Dv] f32
+  slot_ok = _fed_slots(real, proj_k) | _fed_slots(real, proj_v)      # [B, H|1, K]
+
+  scale = 1.0 / math.sqrt(d)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kp) * scale  # [B, H, Lq, K]
+  p, _, row_sum = masked_softmax_stats(logits, slot_ok[:, :, None, :])
+  p = p / jnp.where(row_sum > 0, row_sum, 1.0)
+  out = jnp.einsum("bhqk,bkhd->bqhd", p, vp)                          # [B, Lq, H, Dv]
+  if query_mask is not None:
+    out = jnp.where(query_mask[:, :, None, None], out, 0.0)
+  return out.astype(q.dtype)
+
+
+def linformer_attention(q, k, v, *, proj_k, proj_v, key_mask=None, query_mask=None,
+                        causal: bool = False):
+  """Linformer attention with length projections; linear in length.
+
+  Args:
+    q: `[B, Lq, H, D]` queries.
+    k: `[B, L, H, D]` keys.
+    v: `[B, L, H, Dv]` values.
+    proj_k: `[N, K]` or `[H, N, K]` key projection E with N >= L (the first L rows are used).
+    proj_v: value projection F, same conventions (pass `proj_k` again for key-value sharing).
+    key_mask: optional bool `[B, L]`, True = real token. Padded keys and values are zeroed
+      before the projection; slots fed by no real position are left out of the softmax.
+    query_mask: optional bool `[B, Lq]`; padded queries output 0. Defaults to `key_mask` when
+      Lq == L (self-attention).
+    causal: must be False; Linformer mixes every position into every slot.
+
+  Returns:
+    `[B, Lq, H, Dv]` in q's dtype. With `proj_k = proj_v = identity [L, L]` and no padding it
+    equals `dot_product_attention(q, k, v)`.
+  """
+  if causal:
+    raise ValueError(
+        "linformer_attention cannot be causal: each projected slot mixes keys from every "
+        "position, including future ones. Use causal=False, or a causal attention "
+        "(dot_product, band, lsh) for autoregressive models.")
+  b_, lq, lk, h, _ = validation.check_qkv(q, k, v)
+  validation.check_token_mask("key_mask", key_mask, b_, lk)
+  validation.check_token_mask("query_mask", query_mask, b_, lq)
+  _check_projection("proj_k", proj_k, lk, h)
+  _check_projection("proj_v", proj_v, lk, h)
+  if np.shape(proj_k)[-1] != np.shape(proj_v)[-1]:
+    raise ValueError(
+        f"proj_k and proj_v must project to the same number of slots, got shapes "
+        f"{tuple(np.shape(proj_k))} and {tuple(np.shape(proj_v))}.")
+  if query_mask is None and key_mask is not None and lq == lk:
+    query_mask = key_mask
+  return _linformer(q, k, v, jnp.asarray(proj_k), jnp.asarray(proj_v), key_mask, query_mask)
