@@ -97,3 +97,171 @@ def longformer_mask(length: int, *, window: int, dilation=1, causal: bool = Fals
   if key_mask is not None:
     mask = mask & key_padding_mask(key_mask)
   return mask
+
+
+# ----------------------------------------------------------------------------------------------
+# Block-sparse patterns: Sparse Transformer (strided, fixed), BigBird ITC, contiguous-block local.
+#
+# Conventions of this section (fast paths: `attention.block_sparse`, `attention.sparse_patterns`):
+#   * `strided` (Child et al. 2019, local + strided, merged into every head): query i attends key j
+#     when |i - j| < stride or (i - j) is a multiple of stride.
+#   * `fixed` (Child et al. 2019): query i attends key j when both are in the same stride group
+#     (i // stride == j // stride) or j is a summary column of the head: j mod stride lies in
+#     [stride - (v + 1) c, stride - v c) for summary width c and head variant v = h mod V, with V
+#     `num_summary_offsets` (default stride // c), so different heads read different summaries.
+#   * `causal=True` keeps only j <= i on top of the pattern (language modelling); causal=False is
+#     the bidirectional (encoder) version of the same pattern.
+#   * block local: i // block_size == j // block_size.
+#   * BigBird ITC on blocks of `block_size` tokens (num_blocks = ceil(L / block_size)): global
+#     blocks are the first ceil(g/2) and the last floor(g/2) blocks; a global query block attends
+#     every block and every query block attends the global blocks; other query blocks attend the
+#     3-block window (n-1, n, n+1) and r random blocks, drawn per head from
+#     `np.random.default_rng(seed)` (`bigbird_random_blocks`): the same in every process.
+# ----------------------------------------------------------------------------------------------
+
+
+def _positive_int(name: str, value) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f"{name} must be a positive int, got {value!r}.")
+  return int(value)
+
+
+def _non_negative_int(name: str, value) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+    raise ValueError(f"{name} must be a non-negative int, got {value!r}.")
+  return int(value)
+
+
+def block_layout_mask(layout, block_size: int, length: int) -> np.ndarray:
+  """Dense meaning of a block layout: `[..., nqb, nkb]` bool -> `[..., L, L]` bool.
+
+  Query i may attend key j when `layout[..., i // block_size, j // block_size]`.
+  """
+  layout = np.asarray(layout, bool)
+  block_size = _positive_int("block_size", block_size)
+  blocks = np.arange(length) // block_size
+  return layout[..., blocks[:, None], blocks[None, :]]
+
+
+def block_local_mask(length: int, *, block_size: int, causal: bool = False) -> np.ndarray:
+  """[L, L] bool: contiguous-block local attention, i // block_size == j // block_size."""
+  block_size = _positive_int("block_size", block_size)
+  blocks = np.arange(length) // block_size
+  mask = blocks[:, None] == blocks[None, :]
+  return mask & causal_mask(length) if causal else mask
+
+
+def strided_mask(length: int, *, stride: int, causal: bool = False) -> np.ndarray:
+  """[L, L] bool: the Sparse Transformer strided pattern, |i - j| < stride or stride | (i - j)."""
+  stride = _positive_int("stride", stride)
+  rel = np.arange(length)[:, None] - np.arange(length)[None, :]  # [L, L], i - j
+  mask = (np.abs(rel) < stride) | (rel % stride == 0)
+  return mask & (rel >= 0) if causal else mask
+
+
+def fixed_summary_offsets(*, stride: int, summary_width: int, num_heads: int,
+                          num_summary_offsets: int | None = None) -> tuple[int, ...]:
+  """First summary residue (mod stride) of each head of the `fixed` pattern.
+
+  Head h reads the summary columns j with `lo_h <= j mod stride < lo_h + summary_width`,
+  lo_h = stride - (v + 1) * summary_width, v = h mod num_summary_offsets.
+  """
+  stride = _positive_int("stride", stride)
+  width = _positive_int("summary_width", summary_width)
+  num_heads = _positive_int("num_heads", num_heads)
+  if width > stride:
+    raise ValueError(
+        f"summary_width {width} is larger than the stride {stride}: the summary columns are a "
+        f"sub-block of each stride group, so pass summary_width <= stride.")
+  most = stride // width
+  variants = most if num_summary_offsets is None else _positive_int(
+      "num_summary_offsets", num_summary_offsets)
+  if variants > most:
+    raise ValueError(
+        f"num_summary_offsets {variants} does not fit: a stride of {stride} holds at most "
+        f"{most} disjoint summary blocks of width {width}; pass num_summary_offsets <= {most}.")
+  return tuple(stride - ((h % variants) + 1) * width for h in range(num_heads))
+
+
+def fixed_mask(length: int, *, stride: int, summary_width: int, causal: bool = False,
+               num_heads: int | None = None,
+               num_summary_offsets: int | None = None) -> np.ndarray:
+  """The Sparse Transformer fixed pattern: same stride group, or a summary column of the head.
+
+  Returns bool `[L, L]` when `num_heads` is None (every head reads the last `summary_width`
+  columns of each group) else `[H, L, L]` with per-head summary offsets
+  (`fixed_summary_offsets`).
+  """
+  offsets = fixed_summary_offsets(stride=stride, summary_width=summary_width,
+                                  num_heads=1 if num_heads is None else num_heads,
+                                  num_summary_offsets=num_summary_offsets)
+  pos = np.arange(length)
+  same = (pos[:, None] // stride) == (pos[None, :] // stride)  # [L, L]
+  out = []
+  for lo in offsets:
+    summary = (pos % stride >= lo) & (pos % stride < lo + summary_width)  # [L] over keys
+    m = same | summary[None, :]
+    out.append(m & causal_mask(length) if causal else m)
+  out = np.stack(out)  # [H, L, L]
+  return out[0] if num_heads is None else out
+
+
+def bigbird_global_blocks(num_blocks: int, num_global_blocks: int) -> tuple[int, ...]:
+  """The global blocks of BigBird ITC: the first ceil(g/2) and the last floor(g/2) blocks."""
+  g = min(_non_negative_int("num_global_blocks", num_global_blocks), num_blocks)
+  return tuple(sorted(set(range((g + 1) // 2)) | set(range(num_blocks - g // 2, num_blocks))))
+
+
+def bigbird_random_blocks(num_blocks: int, *, num_global_blocks: int, num_random_blocks: int,
+                          seed: int, num_heads: int = 1) -> np.ndarray:
+  """int `[H, num_blocks, r]`: the random key blocks of every (head, query block); -1 = none.
+
+  Drawn with `np.random.default_rng(seed)`, head by head and row by row: for a non-global query
+  block n, `r` distinct blocks among those outside its window (|m - n| > 1) that are not global,
+  sorted; fewer when not enough remain. Global query blocks draw nothing. The result depends
+  only on the arguments, so it is identical in every process and at training and evaluation.
+  """
+  r = _non_negative_int("num_random_blocks", num_random_blocks)
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    raise ValueError(f"seed must be an int (it fixes the random blocks), got {seed!r}.")
+  num_heads = _positive_int("num_heads", num_heads)
+  glob = set(bigbird_global_blocks(num_blocks, num_global_blocks))
+  rng = np.random.default_rng(int(seed))
+  out = np.full((num_heads, num_blocks, r), -1, np.int64)
+  for h in range(num_heads):
+    for n in range(num_blocks):
+      if n in glob or r == 0:
+        continue
+      candidates = [m for m in range(num_blocks) if abs(m - n) > 1 and m not in glob]
+      chosen = np.sort(rng.choice(candidates, size=min(r, len(candidates)), replace=False))
+      out[h, n, :len(chosen)] = chosen
+  return out
+
+
+def bigbird_block_pattern(num_blocks: int, *, num_global_blocks: int, num_random_blocks: int,
+                          seed: int, num_heads: int = 1) -> np.ndarray:
+  """bool `[H, nb, nb]`: the BigBird ITC block layout (window + global + random)."""
+  glob = list(bigbird_global_blocks(num_blocks, num_global_blocks))
+  rand = bigbird_random_blocks(num_blocks, num_global_blocks=num_global_blocks,
+                               num_random_blocks=num_random_blocks, seed=seed,
+                               num_heads=num_heads)
+  n = np.arange(num_blocks)
+  window = np.abs(n[:, None] - n[None, :]) <= 1                   # [nb, nb]
+  layout = np.broadcast_to(window, (num_heads, num_blocks, num_blocks)).copy()
+  layout[:, glob, :] = True
+  layout[:, :, glob] = True
+  for h in range(num_heads):
+    rows, slots = np.nonzero(rand[h] >= 0)
+    layout[h, rows, rand[h][rows, slots]] = True
+  return layout
+
+
+def bigbird_mask(length: int, *, block_size: int, num_global_blocks: int,
+                 num_random_blocks: int, seed: int, num_heads: int = 1) -> np.ndarray:
+  """bool `[H, L, L]`: the BigBird ITC pattern on tokens (the last block may be partial)."""
+  block_size = _positive_int("block_size", block_size)
+  num_blocks = -(-length // block_size)
+  layout = bigbird_block_pattern(num_blocks, num_global_blocks=num_global_blocks,
+                                 num_random_blocks=num_random_blocks, seed=seed,
+                                 num_heads=num_heads)
+  return block_layout_mask(layout, block_size, length)
