@@ -1,0 +1,111 @@
+"""Pieces shared by the task configs: `parse_arg`, trainer defaults, the mesh and rules table.
+
+`get_config(arg)` in a task file receives `arg` as "key=value,key=value" (for example
+"attention=band,size=small"); `parse_arg(arg, **defaults)` turns it into a typed ConfigDict and
+rejects unknown keys with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+# Logical axis name (carried by parameters, see models/sharding.py) -> mesh axis or None.
+AXIS_RULES = (
+    ("vocab", None),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("length", None),
+)
+
+
+def _convert(text: str, default: Any) -> Any:
+  if isinstance(default, bool):
+    if text.lower() in ("1", "true", "yes", ""):
+      return True
+    if text.lower() in ("0", "false", "no"):
+      return False
+    raise ValueError(f"expected a boolean, got {text!r}.")
+  if isinstance(default, int):
+    return int(text)
+  if isinstance(default, float):
+    return float(text)
+  return text
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """Parses "a=1,b=x" against `defaults` (which also fix each value's type)."""
+  out = dict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    key, _, value = item.partition("=")
+    key = key.strip()
+    if key not in defaults:
+      raise ValueError(f"unknown config argument {key!r} in {arg!r}; valid arguments: "
+                       f"{', '.join(sorted(defaults))}.")
+    out[key] = _convert(value.strip(), defaults[key])
+  return ml_collections.ConfigDict(out)
+
+
+def trainer_defaults() -> ml_collections.ConfigDict:
+  """Trainer fields with the LRA text-task defaults; task configs override them."""
+  c = ml_collections.ConfigDict()
+  c.task = ""
+  c.seed = 0
+  c.batch_size = 32
+  c.eval_batch_size = 32
+  c.num_train_steps = 5000
+  c.log_every = 50
+  c.eval_every = 500
+  c.checkpoint_every = 1000
+  c.keep_checkpoints = 3
+  # Optimiser: AdamW with the LRA betas; schedule "rsqrt" (LRA: base * min(1, t/w) /
+  # sqrt(max(t, w))), "cosine" (linear warmup then cosine to 0) or "constant" (after warmup).
+  c.learning_rate = 0.05
+  c.schedule = "rsqrt"
+  c.warmup_steps = 1000
+  c.weight_decay = 0.1
+  c.grad_clip = 0.0            # global-norm clipping; 0 disables
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.98
+  c.adam_eps = 1e-9
+  # Mesh: sizes of the (data, fsdp, tensor) axes; -1 = all remaining devices.
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  c.axis_rules = AXIS_RULES
+  c.distributed = False        # jax.distributed.initialize() (or set LRA_DISTRIBUTED=1)
+  c.progress = True            # the stderr progress line
+  return c
+
+
+def model_defaults() -> ml_collections.ConfigDict:
+  """Model fields (LRA Transformer defaults). vocab/classes/length come from the task."""
+  m = ml_collections.ConfigDict()
+  m.emb_dim = 512
+  m.num_heads = 8
+  m.qkv_dim = 512
+  m.mlp_dim = 1024
+  m.num_layers = 4
+  m.dropout = 0.1
+  m.pos_emb = "sinusoidal"     # sinusoidal | learned | none
+  m.pool = "cls"               # cls | mean
+  m.classifier_dim = 1024
+  # The attention primitive of every layer ({"kind": name in attention.REGISTRY, **its
+  # arguments}); layer_attention optionally holds one dict per layer updating it.
+  m.attention = ml_collections.ConfigDict({"kind": "dot_product"}, type_safe=False)
+  m.layer_attention = ()
+  return m
+
+
+# Arguments each attention kind gets by default in the task configs (sized by `window`, a
+# rough "how far can a query see" knob shared by the local kinds). Kinds not listed get none.
+def attention_defaults(kind: str, *, window: int, max_length: int) -> dict[str, Any]:
+  """Default arguments for attention `kind` in a model over `max_length` tokens."""
+  table = {
+      "band": {"window": window},
+      "favor": {"num_features": 256},
+      "linformer": {"k": 256 if max_length >= 1024 else 64},
+      "synthesizer": {"mode": "random"},
+  }
+  return dict(table.get(kind, {}))

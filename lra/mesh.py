@@ -1,0 +1,121 @@
+"""Device mesh, logical-axis shardings, and global batches.
+
+The mesh has three named axes, `data`, `fsdp` and `tensor`, sized from `config.mesh` (one size
+may be -1: all remaining devices). The batch is split over (`data`, `fsdp`); parameters are split
+by the rules table `config.axis_rules`, which maps each logical axis name carried by a parameter
+(see `models.sharding`) to a mesh axis or None. Axes are `AxisType.Auto` (GSPMD propagation):
+`jax.make_mesh` would default to Explicit axes in jax 0.10.2, where contractions over a sharded
+axis need annotations everywhere.
+
+`maybe_initialize_distributed()` starts multi-process JAX when `LRA_DISTRIBUTED=1` (or the
+config's `distributed` flag) is set; a single process needs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+def maybe_initialize_distributed(flag: bool = False) -> None:
+  """Calls `jax.distributed.initialize()` when asked to (flag or LRA_DISTRIBUTED=1)."""
+  if flag or os.environ.get("LRA_DISTRIBUTED", "0") == "1":
+    jax.distributed.initialize()
+
+
+def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, int, int]:
+  """Resolves {data, fsdp, tensor} sizes (one may be -1) against the device count."""
+  unknown = [k for k in sizes if k not in MESH_AXES]
+  if unknown:
+    raise ValueError(f"unknown mesh axes {unknown}; valid axes: {', '.join(MESH_AXES)}.")
+  shape = [int(sizes.get(a, 1)) for a in MESH_AXES]
+  if shape.count(-1) > 1:
+    raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, shape))}.")
+  known = int(np.prod([s for s in shape if s != -1]))
+  if any(s == 0 or s < -1 for s in shape) or num_devices % known:
+    raise ValueError(
+        f"mesh {dict(zip(MESH_AXES, shape))} does not fit {num_devices} devices: the product "
+        f"of the sizes must divide the device count (use -1 for 'the rest').")
+  if -1 in shape:
+    shape[shape.index(-1)] = num_devices // known
+  elif known != num_devices:
+    raise ValueError(
+        f"mesh {dict(zip(MESH_AXES, shape))} uses {known} devices but {num_devices} are "
+        f"present: set one axis to -1 or make the product {num_devices}.")
+  return tuple(shape)
+
+
+def make_mesh(sizes: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
+  """A (data, fsdp, tensor) mesh with Auto axes over `devices` (default: all devices)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(sizes, len(devices))
+  return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES,
+              axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def batch_size_per_process(global_batch: int, mesh: Mesh) -> int:
+  """Checks the global batch splits evenly over the batch axes and processes."""
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if global_batch % shards or global_batch % jax.process_count():
+    raise ValueError(
+        f"batch size {global_batch} must be a multiple of the data x fsdp mesh size ({shards}) "
+        f"and of the process count ({jax.process_count()}).")
+  return global_batch // jax.process_count()
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Batch-leading arrays: first axis over (data, fsdp), the rest replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Assembles this process's numpy batch into global arrays sharded over the batch axes."""
+  return {k: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(v)),
+                                                    np.asarray(v))
+          for k, v in batch.items()}
+
+
+def state_shardings(abstract_state: nnx.State, mesh: Mesh,
+                    rules: Sequence[tuple[str, Any]]) -> Any:
+  """NamedShardings for an (abstract) nnx.State from its logical names and the rules table."""
+  with nnx.logical_axis_rules(tuple((k, v) for k, v in rules)):
+    specs = nnx.get_partition_spec(abstract_state)
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec if isinstance(spec, P) else P()),
+                      specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def match_param_shardings(tree: Any, params: Any, mesh: Mesh) -> Any:
+  """Shardings for a tree holding copies of the params (optimizer moments): matched by path.
+
+  A leaf whose key path ends with a parameter's key path (and has its shape) gets that
+  parameter's sharding; everything else (step counts, scalars) is replicated.
+  """
+  by_path = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    by_path[_path_key(path)] = (leaf.shape, leaf.sharding)
+
+  def pick(path, leaf):
+    key = _path_key(path)
+    for start in range(len(key)):
+      hit = by_path.get(key[start:])
+      if hit is not None and hit[0] == leaf.shape:
+        return hit[1]
+    return replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+def _path_key(path) -> tuple[str, ...]:
+  return tuple(str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path)

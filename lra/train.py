@@ -1,0 +1,351 @@
+"""Trains and evaluates an LRA task: `train_and_evaluate(config, workdir)`.
+
+The model family comes from the task (`task.MODEL`), the attention kind from the config. The
+step is functional: the NNX model is split once into (graphdef, params, rest), the jitted train
+step takes the state pytree `{"params", "opt", "step"}` (donated) and a global batch, merges the
+model inside, and applies optax AdamW directly. Parameters are created directly sharded
+(`jax.jit` with `out_shardings` from their logical names and `config.axis_rules`).
+
+The workdir holds: `config.json` (the resolved config), `checkpoints/` (state + data iterator
+position, periodic and final, newest `keep_checkpoints` kept), `best/` (the parameters with the
+best validation accuracy), `metrics.jsonl`, and `results.json` (final test evaluation).
+Re-running in the same workdir resumes exactly where the last checkpoint left off. Ctrl-C saves
+a checkpoint and returns with `results["interrupted"] = True`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+import models
+from lra import checkpoint, mesh as mesh_lib, metrics, objectives, progress
+from lra import tasks as tasks_lib
+from models import attention_extras
+
+log = logging.getLogger(__name__)
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """The LRA schedules: "rsqrt" (warmup then 1/sqrt(step)), "cosine" or "constant"."""
+  base, warmup = float(config.learning_rate), max(int(config.warmup_steps), 0)
+  total = int(config.num_train_steps)
+  if config.schedule == "rsqrt":
+    def rsqrt(step):
+      step = jnp.asarray(step, jnp.float32)
+      w = max(warmup, 1)
+      return base * jnp.minimum(1.0, step / w) / jnp.sqrt(jnp.maximum(step, w))
+    return rsqrt
+  if config.schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, base, max(warmup, 1), max(total, warmup + 1))
+  if config.schedule == "constant":
+    return optax.linear_schedule(0.0, base, max(warmup, 1))
+  raise ValueError(f"unknown schedule {config.schedule!r}; valid: rsqrt, cosine, constant.")
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW (decoupled weight decay) with the schedule, after optional global-norm clipping."""
+  parts = []
+  if config.grad_clip and config.grad_clip > 0:
+    parts.append(optax.clip_by_global_norm(float(config.grad_clip)))
+  parts.append(optax.adamw(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
+                           eps=config.adam_eps, weight_decay=config.weight_decay))
+  return optax.chain(*parts)
+
+
+def model_config(config: ml_collections.ConfigDict, task) -> dict[str, Any]:
+  """The model constructor's fields: `config.model` plus what the task fixes."""
+  cfg = config.model.to_dict()
+  cfg["attention"] = dict(cfg["attention"])
+  cfg["layer_attention"] = tuple(dict(x) for x in (cfg.get("layer_attention") or ()))
+  cfg.update(vocab_size=task.VOCAB_SIZE, num_classes=task.NUM_CLASSES,
+             max_length=int(config.data.max_length))
+  return cfg
+
+
+def validate_config(config: ml_collections.ConfigDict, task) -> None:
+  """Checks names and combinations before anything is built; messages say what to change."""
+  import attention
+  from models.encoder import layer_specs
+  specs = layer_specs(config.model.attention.to_dict(), config.model.layer_attention,
+                      config.model.num_layers)
+  for spec in specs:
+    kind = spec.get("kind")
+    attention.get(kind)
+    if task.MODEL == "lm" and kind in attention_extras.NOT_CAUSAL:
+      raise ValueError(f"task {task.NAME!r} trains a causal language model but attention "
+                       f"{kind!r} cannot be causal: {attention_extras.NOT_CAUSAL[kind]}")
+  models.get(task.MODEL)
+  shards = 1
+  for v in config.mesh.values():
+    shards *= v if v > 0 else 1
+  if config.eval_batch_size <= 0 or config.batch_size <= 0:
+    raise ValueError("batch_size and eval_batch_size must be positive.")
+
+
+class _StopFlag:
+  """Turns the first SIGINT into a request to stop after the current step (the second one
+  interrupts immediately)."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGINT, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    if self.requested:
+      raise KeyboardInterrupt
+    self.requested = True
+    print("\nInterrupted: saving a checkpoint after this step (Ctrl-C again to abort).",
+          flush=True)
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGINT, self._previous)
+    return False
+
+
+def _write_json(path: str, obj: Any) -> None:
+  if jax.process_index() != 0:
+    return
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True, default=str)
+  os.replace(tmp, path)
+
+
+def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  path = os.path.join(workdir, "config.json")
+  text = config.to_json_best_effort(indent=2, sort_keys=True)
+  if os.path.exists(path):
+    with open(path) as f:
+      if f.read() != text:
+        print(f"WARNING: the config differs from the one saved in {path}; resuming with the "
+              f"new one (the old one is kept as config.previous.json).", flush=True)
+        os.replace(path, os.path.join(workdir, "config.previous.json"))
+  if jax.process_index() == 0:
+    with open(path, "w") as f:
+      f.write(text)
+
+
+class Trainer:
+  """Builds the mesh, model, optimizer and jitted steps for one config."""
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.config = config
+    self.task = tasks_lib.get_task(config.task)
+    validate_config(config, self.task)
+    self.mesh = mesh_lib.make_mesh(config.mesh.to_dict())
+    self.rules = tuple(tuple(r) for r in config.axis_rules)
+    model_cls = models.get(self.task.MODEL)
+    cfg = model_config(config, self.task)
+    seed = int(config.seed)
+
+    def build():
+      return nnx.split(model_cls(cfg, rngs=nnx.Rngs(seed)), nnx.Param, ...)
+
+    graphdef, abs_params, abs_rest = nnx.eval_shape(build)
+    self.graphdef = graphdef
+    param_sh = mesh_lib.state_shardings(abs_params, self.mesh, self.rules)
+    rest_sh = mesh_lib.state_shardings(abs_rest, self.mesh, self.rules)
+    self.params, self.rest = jax.jit(lambda: build()[1:], out_shardings=(param_sh, rest_sh))()
+    self.tx = make_optimizer(config)
+    opt_sh = mesh_lib.match_param_shardings(jax.eval_shape(self.tx.init, self.params),
+                                            self.params, self.mesh)
+    opt = jax.jit(self.tx.init, out_shardings=opt_sh)(self.params)
+    step = jax.device_put(jnp.zeros((), jnp.int32), mesh_lib.replicated(self.mesh))
+    self.state = {"params": self.params, "opt": opt, "step": step}
+    self.state_sh = jax.tree.map(lambda x: x.sharding, self.state)
+    self.traces = 0
+    objective = objectives.get(self.task.MODEL)
+    base_key = jax.random.key(seed + 1)
+    tx = self.tx
+    repl = mesh_lib.replicated(self.mesh)
+
+    def train_step(state, batch, rest):
+      self.traces += 1  # runs at trace time only
+      rng = jax.random.fold_in(base_key, state["step"])
+
+      def loss_fn(params):
+        model = nnx.merge(graphdef, params, rest)
+        sums = objective(model, batch, rng)
+        return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
+
+      (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+      updates, opt_state = tx.update(grads, state["opt"], state["params"])
+      params = optax.apply_updates(state["params"], updates)
+      sums["grad_norm"] = optax.global_norm(grads)
+      return {"params": params, "opt": opt_state, "step": state["step"] + 1}, sums
+
+    def eval_step(params, batch, rest):
+      model = nnx.merge(graphdef, params, rest)
+      return objective(model, batch, None)
+
+    self.train_step = jax.jit(train_step, out_shardings=(self.state_sh, repl),
+                              donate_argnums=0)
+    self.eval_step = jax.jit(eval_step, out_shardings=repl)
+
+  def abstract_state(self):
+    return checkpoint.abstract_like(self.state)
+
+  def evaluate(self, params, batches: Iterable[dict], *, label_counts: np.ndarray | None = None
+               ) -> dict[str, float]:
+    """Sums over every example of a split (filler examples have weight 0)."""
+    total = None
+    for batch in batches:
+      if label_counts is not None:
+        real = np.asarray(batch["weights"]) > 0
+        np.add.at(label_counts, np.asarray(batch["targets"])[real].reshape(-1), 1)
+      sums = self.eval_step(params, mesh_lib.global_batch(batch, self.mesh), self.rest)
+      total = metrics.add_sums(total, sums)
+    if total is None:
+      raise ValueError("the evaluation split is empty.")
+    return metrics.summarise(total, bits_per_char=self.task.MODEL == "lm")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       *, hooks: Sequence[Callable[[int], None]] = ()) -> dict[str, Any]:
+  """Trains `config` in `workdir` (resuming from its checkpoints) and evaluates on test.
+
+  `hooks` are called with the step number after every train step. Returns the results written
+  to `results.json`, plus `"state"` (the final train state) and `"interrupted"`.
+  """
+  from lra import input_pipeline
+
+  mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  os.makedirs(workdir, exist_ok=True)
+  t_start = time.time()
+  trainer = Trainer(config)
+  task = trainer.task
+  _save_config(config, workdir)
+  local_batch = mesh_lib.batch_size_per_process(config.batch_size, trainer.mesh)
+  eval_batch = mesh_lib.batch_size_per_process(config.eval_batch_size, trainer.mesh)
+  shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+
+  sources = {split: task.get_source(config.data, split)
+             for split in ("train", "validation", "test")}
+  train_iter = input_pipeline.train_iterator(
+      sources["train"], batch_size=config.batch_size, seed=int(config.seed), **shard)
+  del local_batch
+
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                 every=config.checkpoint_every, keep=config.keep_checkpoints)
+  best_ckpt = checkpoint.Checkpointer(os.path.join(workdir, "best"), every=0, keep=1)
+  state = trainer.state
+  start_step = 0
+  restored = ckpt.restore_latest(trainer.abstract_state())
+  if restored is not None:
+    state, data_state, start_step = restored
+    train_iter.set_state(data_state["train_iterator"])
+    print(f"Resumed from {ckpt.directory} at step {start_step}.", flush=True)
+  best = {"accuracy": -1.0, "step": -1}
+  if best_ckpt.steps():
+    best_restored = best_ckpt.restore_latest(
+        {"params": checkpoint.abstract_like(state["params"])})
+    if best_restored is not None:
+      best = best_restored[1]["best"]
+  writer = metrics.MetricWriter(workdir)
+  total_steps = int(config.num_train_steps)
+
+  def data_state():
+    return {"train_iterator": train_iter.get_state()}
+
+  def run_eval(step: int, params) -> dict[str, float]:
+    nonlocal best
+    m = trainer.evaluate(params, input_pipeline.eval_batches(
+        sources["validation"], batch_size=eval_batch * jax.process_count(), **shard))
+    writer.write(step, "validation", m)
+    if m["accuracy"] > best["accuracy"]:
+      best = {"accuracy": m["accuracy"], "step": step, "loss": m["loss"]}
+      best_ckpt.save(step, {"params": params}, {"best": best}, force=True)
+    return m
+
+  bar = progress.Progress(total_steps, start_step) if config.get("progress", True) else None
+  interrupted = False
+  train_sums, last_loss, t_log, step = None, None, time.perf_counter(), start_step
+  with _StopFlag() as stop:
+    for step in range(start_step + 1, total_steps + 1):
+      batch = mesh_lib.global_batch(next(train_iter), trainer.mesh)
+      state, sums = trainer.train_step(state, batch, trainer.rest)
+      train_sums = metrics.add_sums(train_sums, sums)
+      if step % config.log_every == 0 or step == total_steps:
+        m = metrics.summarise({k: v for k, v in train_sums.items() if k != "grad_norm"})
+        now = time.perf_counter()
+        m["steps_per_second"] = config.log_every / max(now - t_log, 1e-9)
+        m["learning_rate"] = float(learning_rate_schedule(config)(step))
+        writer.write(step, "train", m)
+        last_loss, train_sums, t_log = m["loss"], None, now
+      if step % config.eval_every == 0 and step != total_steps:
+        vm = run_eval(step, state["params"])
+        if bar is None:
+          print(f"step {step}: validation accuracy {vm['accuracy']:.4f}", flush=True)
+      ckpt.save(step, state, data_state())
+      for hook in hooks:
+        hook(step)
+      if bar is not None:
+        bar.update(step, last_loss)
+      if stop.requested:
+        interrupted = True
+        break
+  if bar is not None:
+    bar.close()
+  if interrupted:
+    ckpt.save(step, state, data_state(), force=True)
+    ckpt.close()
+    best_ckpt.close()
+    print(f"Saved a checkpoint at step {step} in {ckpt.directory}; rerun the same command to "
+          f"continue.", flush=True)
+    return {"interrupted": True, "step": step, "state": state}
+
+  ckpt.save(total_steps, state, data_state(), force=True)
+  final_val = run_eval(total_steps, state["params"])
+  label_counts = np.zeros(task.NUM_CLASSES, np.int64) if task.MODEL != "lm" else None
+  test_final = trainer.evaluate(state["params"], input_pipeline.eval_batches(
+      sources["test"], batch_size=eval_batch * jax.process_count(), **shard),
+      label_counts=label_counts)
+  writer.write(total_steps, "test", test_final)
+  best_params = best_ckpt.restore_latest({"params": checkpoint.abstract_like(state["params"])})
+  test_best = test_final
+  if best_params is not None and best["step"] != total_steps:
+    test_best = trainer.evaluate(best_params[0]["params"], input_pipeline.eval_batches(
+        sources["test"], batch_size=eval_batch * jax.process_count(), **shard))
+  results = {
+      "task": task.NAME,
+      "attention": config.model.attention.kind,
+      "steps": total_steps,
+      "test_accuracy": test_best["accuracy"],
+      "test_loss": test_best["loss"],
+      "best_validation_accuracy": best["accuracy"],
+      "best_validation_step": best["step"],
+      "final_test_accuracy": test_final["accuracy"],
+      "final_validation_accuracy": final_val["accuracy"],
+      "test_examples": int(test_final["examples"]),
+      "wall_seconds_this_run": round(time.time() - t_start, 1),
+      "train_step_traces": trainer.traces,
+  }
+  if label_counts is not None and label_counts.sum():
+    results["majority_class_rate"] = float(label_counts.max() / label_counts.sum())
+  if task.MODEL == "lm":
+    results["test_bpc"] = test_best["bpc"]
+  _write_json(os.path.join(workdir, "results.json"), results)
+  ckpt.close()
+  best_ckpt.close()
+  return {**results, "interrupted": False, "state": state}

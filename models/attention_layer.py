@@ -1,0 +1,94 @@
+"""The multi-head attention layer: owns the projections, calls a primitive by name.
+
+`spec` is a dict such as `{"kind": "band", "window": 64, "dilation": (1, 1, 2, 2)}`: `kind` is a
+name in `attention.REGISTRY` and every other entry is a keyword argument of that primitive
+(except those the kind's extras module consumes; see `models.attention_extras`). The layer
+computes `q, k, v: [B, L, H, Dh]`, calls `attention.get(kind)(q, k, v, key_mask=..., **args)`
+and projects the heads back to `[B, L, E]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import attention
+from models import attention_extras
+from models.sharding import param
+
+
+def _kernel(rngs: nnx.Rngs, shape, names, fan_in: int, fan_out: int) -> nnx.Param:
+  """A Xavier-uniform kernel with logical axis names."""
+  limit = (6.0 / (fan_in + fan_out)) ** 0.5
+  init = lambda key, s: jax.random.uniform(key, s, jnp.float32, -limit, limit)
+  return param(rngs, init, shape, names)
+
+
+def split_spec(spec: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+  """Returns (kind, args) from an attention spec dict; checks the kind exists."""
+  spec = dict(spec)
+  if "kind" not in spec:
+    raise ValueError(f"attention spec {spec} has no 'kind'; give one of: "
+                     f"{', '.join(sorted(attention.REGISTRY))}.")
+  kind = spec.pop("kind")
+  attention.get(kind)  # raises with the valid names when unknown
+  return kind, spec
+
+
+class MultiHeadAttention(nnx.Module):
+  """Self-attention with `num_heads` heads of `qkv_dim // num_heads` features.
+
+  Args:
+    emb_dim: model width E.
+    num_heads: H.
+    qkv_dim: total query/key/value width H * Dh.
+    spec: attention kind and its arguments (see module docstring).
+    max_length: longest sequence the layer will see (sizes Linformer/Synthesizer arrays).
+    causal: autoregressive attention (passed to the primitive as `causal=True`).
+    shared_extras: an extras module shared with other layers (Linformer `sharing="layer"`).
+  """
+
+  def __init__(self, emb_dim: int, num_heads: int, qkv_dim: int, spec: Mapping[str, Any], *,
+               max_length: int, causal: bool = False, shared_extras: nnx.Module | None = None,
+               rngs: nnx.Rngs):
+    if qkv_dim % num_heads:
+      raise ValueError(f"qkv_dim ({qkv_dim}) must be a multiple of num_heads ({num_heads}).")
+    self.kind, args = split_spec(spec)
+    if causal and self.kind in attention_extras.NOT_CAUSAL:
+      raise ValueError(f"attention {self.kind!r} cannot be causal: "
+                       f"{attention_extras.NOT_CAUSAL[self.kind]}")
+    head_dim = qkv_dim // num_heads
+    self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
+    self.shared_qk = self.kind in attention_extras.SHARED_QK
+    consumed = attention_extras.consumed_args(self.kind)
+    self.args = {k: (tuple(v) if isinstance(v, list) else v)
+                 for k, v in args.items() if k not in consumed}
+    names = ("embed", "heads", "head_dim")
+    shape = (emb_dim, num_heads, head_dim)
+    self.query = _kernel(rngs, shape, names, emb_dim, qkv_dim)
+    self.key = None if self.shared_qk else _kernel(rngs, shape, names, emb_dim, qkv_dim)
+    self.value = _kernel(rngs, shape, names, emb_dim, qkv_dim)
+    self.out = _kernel(rngs, (num_heads, head_dim, emb_dim), ("heads", "head_dim", "embed"),
+                       qkv_dim, emb_dim)
+    if shared_extras is not None:
+      self.extras = shared_extras
+    else:
+      self.extras = attention_extras.make_extras(
+          self.kind, args, num_heads=num_heads, head_dim=head_dim, max_length=max_length,
+          rngs=rngs)
+
+  def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
+    """x: `[B, L, E]`; key_mask: `[B, L]` bool (True = real token); rng: key or None (eval)."""
+    q = jnp.einsum("ble,ehd->blhd", x, self.query[...])                    # [B, L, H, Dh]
+    k = q if self.key is None else jnp.einsum("ble,ehd->blhd", x, self.key[...])
+    v = jnp.einsum("ble,ehd->blhd", x, self.value[...])                    # [B, L, H, Dh]
+    kwargs = dict(self.args)
+    if self.extras is not None:
+      kwargs.update(self.extras(length=x.shape[1], rng=rng))
+    if self.causal:
+      kwargs["causal"] = True
+    out = attention.get(self.kind)(q, k, v, key_mask=key_mask, **kwargs)   # [B, L, H, Dh]
+    return jnp.einsum("blhd,hde->ble", out, self.out[...])                 # [B, L, E]

@@ -1,0 +1,74 @@
+"""Token and position embeddings for the LRA models.
+
+Token ids are `[B, L]` int32 with 0 = padding; embeddings are `[B, L, E]`. Position embeddings
+are either fixed sinusoids (Vaswani et al.; the LRA default) or a learned table of
+`max_length` rows. `POSITION_KINDS` lists the valid names for `config.model.pos_emb`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.sharding import param
+
+POSITION_KINDS = ("sinusoidal", "learned", "none")
+
+
+def sinusoidal_table(length: int, dim: int, max_scale: float = 10000.0) -> np.ndarray:
+  """Fixed `[length, dim]` sinusoids: sin on the first half of the features, cos on the rest."""
+  half = dim // 2
+  position = np.arange(length, dtype=np.float64)[:, None]                 # [L, 1]
+  inv = np.exp(-np.log(max_scale) * np.arange(half) / max(half - 1, 1))   # [half]
+  angles = position * inv[None, :]                                        # [L, half]
+  table = np.zeros((length, dim), np.float32)
+  table[:, :half] = np.sin(angles)
+  table[:, half:2 * half] = np.cos(angles)
+  return table
+
+
+class TokenEmbedding(nnx.Module):
+  """A `[vocab, embed]` lookup table, initialised N(0, 1) as in the LRA reference."""
+
+  def __init__(self, vocab_size: int, emb_dim: int, *, rngs: nnx.Rngs):
+    self.embedding = param(rngs, nnx.initializers.normal(1.0), (vocab_size, emb_dim),
+                           ("vocab", "embed"))
+    self.vocab_size = vocab_size
+
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding[...], tokens, axis=0)                   # [B, L, E]
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """Logits over the vocabulary with the transposed table (tied output embedding)."""
+    return jnp.einsum("ble,ve->blv", x, self.embedding[...])               # [B, L, V]
+
+
+class PositionEmbedding(nnx.Module):
+  """Adds position information to `[B, L, E]` embeddings; `kind` is one of POSITION_KINDS."""
+
+  def __init__(self, kind: str, max_length: int, emb_dim: int, *, rngs: nnx.Rngs):
+    if kind not in POSITION_KINDS:
+      raise ValueError(
+          f"unknown position embedding {kind!r}; valid kinds: {', '.join(POSITION_KINDS)}.")
+    self.kind = kind
+    self.max_length = max_length
+    if kind == "learned":
+      self.table = param(rngs, nnx.initializers.normal(0.02), (max_length, emb_dim),
+                         ("length", "embed"))
+    self.emb_dim = emb_dim
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    length = x.shape[1]
+    if length > self.max_length:
+      raise ValueError(
+          f"sequence of length {length} is longer than the position table ({self.max_length} "
+          f"positions): raise config.model.max_length.")
+    if self.kind == "none":
+      return x
+    if self.kind == "sinusoidal":
+      table = jnp.asarray(sinusoidal_table(length, self.emb_dim))          # [L, E] constant
+    else:
+      table = self.table[...][:length]                                     # [L, E]
+    return x + table[None].astype(x.dtype)                                 # [B, L, E]

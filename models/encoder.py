@@ -1,0 +1,179 @@
+"""Transformer encoder pieces and the LRA encoder classifier.
+
+`Block` is pre-LayerNorm: x + Dropout(Attention(LN(x))), then x + Dropout(MLP(LN(x))). `Encoder`
+embeds tokens, adds positions, runs `num_layers` blocks (each with its own attention spec, see
+`layer_specs`) and a final LayerNorm. `Classifier` pools the encoder output (a prepended CLS
+token or a padding-aware mean) and applies Dense -> ReLU -> Dense, as in LRA.
+
+Randomness is explicit: `rng` is a key in training (dropout, LSH hashing) and None in eval.
+Token id 0 is padding everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import attention_extras
+from models.attention_layer import MultiHeadAttention, split_spec
+from models.embeddings import PositionEmbedding, TokenEmbedding
+from models.sharding import metadata, param
+
+POOLINGS = ("cls", "mean")
+
+
+def dropout(x: jax.Array, rate: float, rng) -> jax.Array:
+  """Inverted dropout; identity when `rng` is None (evaluation) or the rate is 0."""
+  if rng is None or rate <= 0.0:
+    return x
+  keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def _fold(rng, i: int):
+  return None if rng is None else jax.random.fold_in(rng, i)
+
+
+def dense(rngs: nnx.Rngs, fan_in: int, fan_out: int, names: tuple[str | None, str | None]):
+  """nnx.Linear with Xavier-uniform kernel, zero bias, and logical axis names."""
+  return nnx.Linear(
+      fan_in, fan_out, rngs=rngs, kernel_init=nnx.initializers.xavier_uniform(),
+      kernel_metadata=metadata(names), bias_metadata=metadata((names[1],)))
+
+
+def layer_specs(attention: Mapping[str, Any], layer_attention: Sequence[Mapping[str, Any]],
+                num_layers: int) -> list[dict[str, Any]]:
+  """One attention spec per layer: `attention` updated by `layer_attention[i]` when given.
+
+  For example windows growing with depth: `layer_attention=({"window": 8}, {"window": 32})`.
+  """
+  layer_attention = list(layer_attention or ())
+  if len(layer_attention) not in (0, num_layers):
+    raise ValueError(
+        f"layer_attention has {len(layer_attention)} entries but the model has {num_layers} "
+        f"layers: give one dict per layer (empty dicts keep the default) or none at all.")
+  specs = []
+  for i in range(num_layers):
+    spec = dict(attention)
+    override = dict(layer_attention[i]) if layer_attention else {}
+    if "kind" in override and override["kind"] != spec.get("kind"):
+      spec = {}  # a different kind does not inherit the default kind's arguments
+    spec.update(override)
+    specs.append(spec)
+  return specs
+
+
+class MLP(nnx.Module):
+  """Dense(mlp_dim) -> GELU -> Dropout -> Dense(emb_dim)."""
+
+  def __init__(self, emb_dim: int, mlp_dim: int, dropout_rate: float, *, rngs: nnx.Rngs):
+    self.fc1 = dense(rngs, emb_dim, mlp_dim, ("embed", "mlp"))
+    self.fc2 = dense(rngs, mlp_dim, emb_dim, ("mlp", "embed"))
+    self.dropout_rate = dropout_rate
+
+  def __call__(self, x: jax.Array, *, rng=None) -> jax.Array:
+    h = jax.nn.gelu(self.fc1(x))                                           # [B, L, M]
+    return self.fc2(dropout(h, self.dropout_rate, rng))                    # [B, L, E]
+
+
+class Block(nnx.Module):
+  """Pre-LayerNorm transformer block."""
+
+  def __init__(self, cfg: Mapping[str, Any], spec: Mapping[str, Any], *, max_length: int,
+               causal: bool = False, shared_extras=None, rngs: nnx.Rngs):
+    e = cfg["emb_dim"]
+    self.ln_attn = nnx.LayerNorm(e, rngs=rngs)
+    self.attention = MultiHeadAttention(
+        e, cfg["num_heads"], cfg["qkv_dim"], spec, max_length=max_length, causal=causal,
+        shared_extras=shared_extras, rngs=rngs)
+    self.ln_mlp = nnx.LayerNorm(e, rngs=rngs)
+    self.mlp = MLP(e, cfg["mlp_dim"], cfg["dropout"], rngs=rngs)
+    self.dropout_rate = cfg["dropout"]
+
+  def __call__(self, x: jax.Array, key_mask, *, rng=None) -> jax.Array:
+    h = self.attention(self.ln_attn(x), key_mask, rng=_fold(rng, 0))        # [B, L, E]
+    x = x + dropout(h, self.dropout_rate, _fold(rng, 1))
+    h = self.mlp(self.ln_mlp(x), rng=_fold(rng, 2))
+    return x + dropout(h, self.dropout_rate, _fold(rng, 3))                # [B, L, E]
+
+
+class Encoder(nnx.Module):
+  """Embeddings + blocks + final LayerNorm; optionally prepends a learned CLS token.
+
+  `cfg` fields: vocab_size, max_length, emb_dim, num_heads, qkv_dim, mlp_dim, num_layers,
+  dropout, pos_emb, attention (dict), layer_attention (sequence of dicts).
+  """
+
+  def __init__(self, cfg: Mapping[str, Any], *, cls_token: bool = False, causal: bool = False,
+               rngs: nnx.Rngs):
+    self.cls_token = cls_token
+    max_length = cfg["max_length"] + int(cls_token)
+    self.embed = TokenEmbedding(cfg["vocab_size"], cfg["emb_dim"], rngs=rngs)
+    self.positions = PositionEmbedding(cfg["pos_emb"], max_length, cfg["emb_dim"], rngs=rngs)
+    if cls_token:
+      self.cls = param(rngs, nnx.initializers.zeros_init(), (cfg["emb_dim"],), ("embed",))
+    specs = layer_specs(cfg["attention"], cfg.get("layer_attention", ()), cfg["num_layers"])
+    shared = {}
+    blocks = []
+    for spec in specs:
+      kind, args = split_spec(spec)
+      extras = None
+      if kind == "linformer" and args.get("sharing") == "layer":
+        if kind not in shared:
+          shared[kind] = attention_extras.make_extras(
+              kind, args, num_heads=cfg["num_heads"],
+              head_dim=cfg["qkv_dim"] // cfg["num_heads"], max_length=max_length, rngs=rngs)
+        extras = shared[kind]
+      blocks.append(Block(cfg, spec, max_length=max_length, causal=causal,
+                          shared_extras=extras, rngs=rngs))
+    self.blocks = nnx.List(blocks)
+    self.ln_final = nnx.LayerNorm(cfg["emb_dim"], rngs=rngs)
+    self.dropout_rate = cfg["dropout"]
+
+  def __call__(self, tokens: jax.Array, *, rng=None) -> tuple[jax.Array, jax.Array]:
+    """tokens `[B, L]` int -> (features `[B, L', E]`, key_mask `[B, L']`), L' = L (+1 with CLS)."""
+    key_mask = tokens > 0                                                  # [B, L]
+    x = self.embed(tokens)                                                 # [B, L, E]
+    if self.cls_token:
+      cls = jnp.broadcast_to(self.cls[...], (x.shape[0], 1, x.shape[2])).astype(x.dtype)
+      x = jnp.concatenate([cls, x], axis=1)                                # [B, L+1, E]
+      key_mask = jnp.concatenate([jnp.ones_like(key_mask[:, :1]), key_mask], axis=1)
+    x = dropout(self.positions(x), self.dropout_rate, _fold(rng, 0))
+    for i, block in enumerate(self.blocks):
+      x = block(x, key_mask, rng=_fold(rng, i + 1))
+    x = self.ln_final(x)
+    return jnp.where(key_mask[..., None], x, 0.0), key_mask
+
+
+def pool(x: jax.Array, key_mask: jax.Array, kind: str) -> jax.Array:
+  """`[B, L, E]` -> `[B, E]`: the CLS position, or the mean over real tokens."""
+  if kind == "cls":
+    return x[:, 0]
+  if kind == "mean":
+    count = jnp.maximum(key_mask.sum(axis=1, keepdims=True), 1).astype(x.dtype)
+    return jnp.where(key_mask[..., None], x, 0.0).sum(axis=1) / count
+  raise ValueError(f"unknown pooling {kind!r}; valid: {', '.join(POOLINGS)}.")
+
+
+class Classifier(nnx.Module):
+  """The LRA encoder classifier: Encoder -> pool -> Dense(classifier_dim) -> ReLU -> Dense.
+
+  Extra `cfg` fields: num_classes, pool ("cls" or "mean"), classifier_dim.
+  """
+
+  def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
+    if cfg["pool"] not in POOLINGS:
+      raise ValueError(f"unknown pooling {cfg['pool']!r}; valid: {', '.join(POOLINGS)}.")
+    self.pool_kind = cfg["pool"]
+    self.encoder = Encoder(cfg, cls_token=cfg["pool"] == "cls", rngs=rngs)
+    self.hidden = dense(rngs, cfg["emb_dim"], cfg["classifier_dim"], ("embed", "mlp"))
+    self.head = dense(rngs, cfg["classifier_dim"], cfg["num_classes"], ("mlp", None))
+
+  def __call__(self, inputs: jax.Array, *, rng=None) -> jax.Array:
+    """inputs `[B, L]` int32 token ids (0 = padding) -> logits `[B, num_classes]` float32."""
+    x, key_mask = self.encoder(inputs, rng=rng)                            # [B, L', E]
+    h = jax.nn.relu(self.hidden(pool(x, key_mask, self.pool_kind)))        # [B, C']
+    return self.head(h).astype(jnp.float32)                                # [B, num_classes]
