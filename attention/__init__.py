@@ -8,10 +8,14 @@ the valid names when it is unknown. Dense reference masks for every pattern are 
 from attention import masks
 from attention.band import band_attention
 from attention.dot_product import dot_product_attention
+from attention.favor import favor_attention, favor_features
+from attention.linear import linear_attention
 
 REGISTRY = {
     "dot_product": dot_product_attention,
     "band": band_attention,
+    "favor": favor_attention,
+    "linear": linear_attention,
 }
 
 
@@ -24,4 +28,5 @@ def get(name: str):
         f"unknown attention {name!r}; valid names: {', '.join(sorted(REGISTRY))}.") from None
 
 
-__all__ = ["REGISTRY", "band_attention", "dot_product_attention", "get", "masks"]
+__all__ = ["REGISTRY", "band_attention", "dot_product_attention", "get", "masks",
+           "favor_attention", "favor_features", "linear_attention"]

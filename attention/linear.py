@@ -1,0 +1,222 @@
+"""Kernelized (linear) attention and the chunked causal prefix-sum code it shares with FAVOR+.
+
+A kernelized attention replaces softmax weights exp(q.k / sqrt(d)) by a dot product of
+non-negative features phi(q).phi(k), so that
+
+    out_i = sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j)
+
+can be computed as phi(q_i) S / phi(q_i) z with S = sum_j phi(k_j) v_j^T `[M, Dv]` and
+z = sum_j phi(k_j) `[M]`: linear in length instead of quadratic.
+
+`linear_attention` is the elu(x) + 1 feature map of Katharopoulos et al. 2020 ("Transformers are
+RNNs"). `attention.favor` builds the Performer's random features and calls the two kernels here.
+
+Causal mode sums only keys j <= i. It is computed by chunked prefix sums: the sequence is cut
+into chunks of C positions; inside a chunk a masked `[C, C]` matmul phi(q) phi(k)^T handles the
+pairs of the same chunk, and the keys of earlier chunks enter through a carried state (S, z)
+summed per chunk. Nothing of size `[L, M, Dv]` is ever formed (only `[L / C, M, Dv]`), and the
+loop runs over chunks, never over tokens.
+
+Keys may carry a log-scale (`key_log_scale`, used by FAVOR+'s stabiliser): key j's true feature
+vector is phi_k[j] * exp(key_log_scale[j]). The causal code keeps every sum relative to the
+running maximum M_i = max_{j <= i} key_log_scale[j] (a cumulative max, so position i depends on
+no later position) and rescales per query, which cancels exactly between numerator and
+denominator.
+
+Padding: a key with `key_mask` False has its features zeroed before any sum, so it is absent
+from numerator and denominator alike. A query with no real key (or, when causal, none at or
+before it) has a zero denominator and outputs exactly 0; padded queries output 0.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attention import validation
+from attention.dot_product import NEG_INF
+
+# Chunk length of the causal prefix sums when the caller gives none.
+DEFAULT_CHUNK_SIZE = 128
+
+
+def check_chunk_size(chunk_size) -> int:
+  """Checks `chunk_size` (None for the default, else a positive int) and returns it."""
+  if chunk_size is None:
+    return DEFAULT_CHUNK_SIZE
+  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
+    raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}.")
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size must be a positive int (e.g. 128), got {chunk_size}.")
+  return int(chunk_size)
+
+
+def _normalise(num, den):
+  """num `[B, L, H, Dv]` / den `[B, L, H]`, with exactly 0 where den is 0 (no key)."""
+  has = den > 0
+  return jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
+
+
+def bidirectional_linear_attention(phi_q, phi_k, v):
+  """Non-causal kernelized attention from features; float32 `[B, Lq, H, Dv]`.
+
+  Args:
+    phi_q: `[B, Lq, H, M]` non-negative query features (any per-query scale cancels).
+    phi_k: `[B, Lk, H, M]` non-negative key features, zero for padded keys.
+    v: `[B, Lk, H, Dv]` values, zero for padded keys.
+  """
+  phi_q, phi_k, v = (x.astype(jnp.float32) for x in (phi_q, phi_k, v))
+  s = jnp.einsum("blhm,blhd->bhmd", phi_k, v)                 # [B, H, M, Dv]
+  z = jnp.sum(phi_k, axis=1)                                  # [B, H, M]
+  num = jnp.einsum("blhm,bhmd->blhd", phi_q, s)               # [B, Lq, H, Dv]
+  den = jnp.einsum("blhm,bhm->blh", phi_q, z)                 # [B, Lq, H]
+  return _normalise(num, den)
+
+
+def _exclusive_cumsum(x, axis: int):
+  """Sum of the entries strictly before each index along `axis`."""
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (1, 0)
+  summed = jnp.cumsum(x, axis=axis)
+  return jax.lax.slice_in_dim(jnp.pad(summed, pad), 0, x.shape[axis], axis=axis)
+
+
+def causal_linear_attention(phi_q, phi_k, v, chunk_size: int | None = None,
+                            key_log_scale=None):
+  """Causal kernelized attention by chunked prefix sums; float32 `[B, L, H, Dv]`.
+
+  Query i uses keys j <= i only. Inside each chunk of `chunk_size` positions a masked
+  `[C, C]` matmul covers the pairs of that chunk; earlier chunks enter through per-chunk states
+  `[B, L / C, H, M, Dv]` combined by a prefix sum (a scan over chunks when `key_log_scale` is
+  given). Padding the length to a multiple of C adds zero keys and queries that are dropped.
+
+  Args:
+    phi_q: `[B, L, H, M]` non-negative query features (any per-query scale cancels).
+    phi_k: `[B, L, H, M]` non-negative key features, zero for padded keys.
+    v: `[B, L, H, Dv]` values, zero for padded keys.
+    chunk_size: chunk length C (None: `DEFAULT_CHUNK_SIZE`); results do not depend on it
+      beyond rounding.
+    key_log_scale: optional `[B, L, H]` float; key j's features are really
+      `phi_k[j] * exp(key_log_scale[j])`. Use `NEG_INF` for padded keys. Treated as a constant
+      by autodiff (a stabiliser).
+  """
+  chunk = check_chunk_size(chunk_size)
+  if phi_q.shape != phi_k.shape or phi_q.shape[:3] != v.shape[:3]:
+    raise ValueError(
+        f"phi_q and phi_k must be [B, L, H, M] and v [B, L, H, Dv] with equal B, L, H; got "
+        f"{tuple(phi_q.shape)}, {tuple(phi_k.shape)}, {tuple(v.shape)}.")
+  return _causal_core(phi_q, phi_k, v, key_log_scale, chunk=chunk)
+
+
+@functools.partial(jax.jit, static_argnames=("chunk",))
+def _causal_core(phi_q, phi_k, v, key_log_scale, *, chunk: int):
+  b, length, h, m = phi_q.shape
+  dv = v.shape[-1]
+  chunk = min(chunk, -(-length // 8) * 8)                    # never more than one padded chunk
+  n = -(-length // chunk)
+  pad = n * chunk - length
+
+  def to_chunks(x, fill=0.0):  # [B, L, H, ...] -> [B, N, C, H, ...]
+    x = jnp.pad(x.astype(jnp.float32), [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2),
+                constant_values=fill)
+    return x.reshape((b, n, chunk) + x.shape[2:])
+
+  pq, pk, vc = to_chunks(phi_q), to_chunks(phi_k), to_chunks(v)   # [B, N, C, H, M|Dv]
+  tril = np.tril(np.ones((chunk, chunk), bool))                    # [C, C], query >= key
+
+  a = jnp.einsum("bnchm,bnshm->bnhcs", pq, pk)                     # [B, N, H, C, C]
+  if key_log_scale is None:
+    a = jnp.where(tril, a, 0.0)
+    states = jnp.einsum("bnshm,bnshd->bnhmd", pk, vc)              # [B, N, H, M, Dv]
+    sums = jnp.sum(pk, axis=2)                                     # [B, N, H, M]
+    prev_s = _exclusive_cumsum(states, axis=1)                     # keys of earlier chunks
+    prev_z = _exclusive_cumsum(sums, axis=1)
+    num_inter = jnp.einsum("bnchm,bnhmd->bnchd", pq, prev_s)
+    den_inter = jnp.einsum("bnchm,bnhm->bnch", pq, prev_z)
+  else:
+    ls = jax.lax.stop_gradient(to_chunks(key_log_scale, NEG_INF))  # [B, N, C, H]
+    run = jax.lax.cummax(ls, axis=2)                               # running max inside chunk
+    chunk_max = run[:, :, -1]                                      # [B, N, H]
+    # Max over all earlier chunks (exclusive), then the running max M_i of every query.
+    before = jax.lax.cummax(jnp.concatenate(
+        [jnp.full_like(chunk_max[:, :1], NEG_INF), chunk_max[:, :-1]], axis=1), axis=1)
+    m_i = jnp.maximum(run, before[:, :, None])                     # [B, N, C, H]
+    # Intra-chunk: key j weighs exp(ls_j - M_i) <= 1 relative to query i's reference.
+    rel = ls.transpose(0, 1, 3, 2)[:, :, :, None, :] - m_i.transpose(0, 1, 3, 2)[..., None]
+    a = a * jnp.where(tril, jnp.exp(jnp.minimum(rel, 0.0)), 0.0)   # [B, N, H, C, C]
+    # Per-chunk states relative to the chunk's own max, carried relative to the running max.
+    w = jnp.exp(ls - chunk_max[:, :, None])[..., None]             # [B, N, C, H, 1]
+    states = jnp.einsum("bnshm,bnshd->bnhmd", pk * w, vc)          # [B, N, H, M, Dv]
+    sums = jnp.sum(pk * w, axis=2)                                 # [B, N, H, M]
+
+    def step(carry, xs):
+      s_acc, z_acc, m_acc = carry
+      s_n, z_n, m_n = xs
+      m_new = jnp.maximum(m_acc, m_n)
+      old, new = jnp.exp(m_acc - m_new), jnp.exp(m_n - m_new)      # [B, H]
+      carry = (s_acc * old[..., None, None] + s_n * new[..., None, None],
+               z_acc * old[..., None] + z_n * new[..., None], m_new)
+      return carry, (s_acc, z_acc)
+
+    init = (jnp.zeros((b, h, m, dv), jnp.float32), jnp.zeros((b, h, m), jnp.float32),
+            jnp.full((b, h), NEG_INF, jnp.float32))
+    _, (prev_s, prev_z) = jax.lax.scan(
+        step, init, (jnp.moveaxis(states, 1, 0), jnp.moveaxis(sums, 1, 0),
+                     jnp.moveaxis(chunk_max, 1, 0)))
+    prev_s, prev_z = jnp.moveaxis(prev_s, 0, 1), jnp.moveaxis(prev_z, 0, 1)
+    carry_w = jnp.exp(before[:, :, None] - m_i)                    # [B, N, C, H] <= 1
+    num_inter = jnp.einsum("bnchm,bnhmd->bnchd", pq, prev_s) * carry_w[..., None]
+    den_inter = jnp.einsum("bnchm,bnhm->bnch", pq, prev_z) * carry_w
+
+  num = jnp.einsum("bnhcs,bnshd->bnchd", a, vc) + num_inter        # [B, N, C, H, Dv]
+  den = jnp.sum(a, axis=-1).transpose(0, 1, 3, 2) + den_inter      # [B, N, C, H]
+  out = _normalise(num.reshape(b, n * chunk, h, dv), den.reshape(b, n * chunk, h))
+  return out[:, :length]
+
+
+def elu_features(x):
+  """The elu(x) + 1 feature map of Katharopoulos et al., in float32 (positive everywhere)."""
+  return jax.nn.elu(x.astype(jnp.float32)) + 1.0
+
+
+def linear_attention(q, k, v, *, causal: bool = False, key_mask=None,
+                     chunk_size: int | None = None):
+  """Linear attention with the elu(x) + 1 feature map (Katharopoulos et al. 2020).
+
+  Args:
+    q: `[B, Lq, H, D]` queries.
+    k: `[B, Lk, H, D]` keys.
+    v: `[B, Lk, H, Dv]` values.
+    causal: query i uses keys j <= i (needs Lq == Lk), computed by chunked prefix sums.
+    key_mask: optional bool `[B, Lk]`, True = real key. Padded keys are removed from the
+      feature sums; with Lq == Lk padded queries output 0.
+    chunk_size: chunk length of the causal prefix sums (None: `DEFAULT_CHUNK_SIZE`); unused
+      when not causal.
+
+  Returns:
+    `[B, Lq, H, Dv]` in q's dtype. A query with no real key (at or before it when causal)
+    outputs exactly 0.
+  """
+  b, lq, lk, h, d = validation.check_qkv(q, k, v, same_length=causal)
+  validation.check_token_mask("key_mask", key_mask, b, lk)
+  chunk = check_chunk_size(chunk_size)
+  return _linear_attention(q, k, v, key_mask, causal=bool(causal), chunk=chunk)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "chunk"))
+def _linear_attention(q, k, v, key_mask, *, causal: bool, chunk: int):
+  phi_q, phi_k = elu_features(q), elu_features(k)                  # [B, L, H, D]
+  v = v.astype(jnp.float32)
+  if key_mask is not None:
+    real = key_mask[:, :, None, None]
+    phi_k, v = jnp.where(real, phi_k, 0.0), jnp.where(real, v, 0.0)
+  if causal:
+    out = _causal_core(phi_q, phi_k, v, None, chunk=chunk)
+  else:
+    out = bidirectional_linear_attention(phi_q, phi_k, v)
+  if key_mask is not None and q.shape[1] == k.shape[1]:
+    out = jnp.where(key_mask[:, :, None, None], out, 0.0)
+  return out.astype(q.dtype)
