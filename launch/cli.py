@@ -1,0 +1,44 @@
+"""The `lra` console command.
+
+  lra run TASK [--attention NAME] [--size base|small] [--workdir DIR] [--config.x=y ...]
+  lra list
+
+`run` trains and evaluates a task (see launch/train.py); `list` prints the tasks and the
+attention kinds. Unknown names fail with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from launch import train as train_launcher
+
+
+def list_names() -> str:
+  import attention
+  lines = ["tasks:", *(f"  {t}" for t in sorted(train_launcher.CONFIGS)),
+           "attention kinds:", *(f"  {a}" for a in sorted(attention.REGISTRY))]
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  rest, overrides = train_launcher.split_overrides(argv)
+  parser = argparse.ArgumentParser(prog="lra", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest="command", required=True)
+  train_launcher.add_run_arguments(sub.add_parser("run", help="train and evaluate a task"))
+  sub.add_parser("list", help="list tasks and attention kinds")
+  args = parser.parse_args(rest)
+  if args.command == "list":
+    if overrides:
+      parser.error("--config.* overrides only apply to `lra run`.")
+    print(list_names())
+    return 0
+  return train_launcher.run(args, overrides)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
