@@ -31,4 +31,5 @@ setup(
         "test": ["pytest==9.2.0"],
         "bench": ["torch==2.13.0", "transformers==5.23.0", "matplotlib==3.11.2"],
     },
+    entry_points={"console_scripts": ["lra=launch.cli:main"]},
 )
