@@ -36,8 +36,7 @@ import csv
 import dataclasses
 import logging
 import os
-import random
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from etils import epath
 import ml_collections
@@ -59,6 +58,7 @@ _DIGIT0 = TOKEN_TO_ID["0"]        # id of digit d is _DIGIT0 + d
 _OP0 = TOKEN_TO_ID["[MIN"]        # ids of OPERATORS are _OP0 + 0..3
 END_ID = TOKEN_TO_ID["]"]
 VALUE_P = 0.25                    # probability that a node above max_depth is an operator
+_ROOTS_PER_ROUND = 2048           # trees drawn together by the vectorised generator
 
 SPLITS = ("train", "validation", "test")
 RELEASED_FILES = {"train": "basic_train.tsv", "validation": "basic_val.tsv",
@@ -91,62 +91,103 @@ def data_config() -> ml_collections.ConfigDict:
 # Generator.
 
 
-class _TooLong(Exception):
-  pass
+class _Levels(NamedTuple):
+  """Trees stored level by level (roots first); the children of a node are contiguous."""
+  parent: list   # per level, [n] int: index of the parent in the level above (empty for roots)
+  op: list       # per level, [n] int: operator 0..3, or -1 for a digit
+  arity: list    # per level, [n] int: number of children (0 for a digit)
+  digit: list    # per level, [n] int: the digit (0 for an operator)
 
 
-class _Sampler:
-  """Draws trees of the LRA grammar as token-id lists, with their values, from one seeded stream.
+def _draw_levels(rng: np.random.Generator, num_roots: int, limit: int, max_depth: int,
+                 max_args: int) -> tuple[list, np.ndarray, np.ndarray]:
+  """Draws `num_roots` trees breadth first: per level (tree, parent, draw); lengths; complete.
 
-  One uniform draw per node: u <= VALUE_P makes an operator, otherwise (u - VALUE_P) / (1 -
-  VALUE_P) is a fresh uniform that picks the digit. An operator's single draw picks both its
-  operator (4 ways) and its arity (max_args - 1 ways). The law is that of the LRA generator.
+  One integer draw r in [0, 4m) per node, m = lcm(4 (max_args - 1), 10): r < m (probability
+  VALUE_P = 1/4) makes an operator whose kind r mod 4(max_args - 1) picks the operator and the
+  arity, otherwise the node is the digit r mod 10; both are uniform. A tree stops growing once
+  it has `limit` tokens (it can only be rejected): the work per tree is bounded, its length is a
+  lower bound and complete is False.
   """
+  kinds = 4 * (max_args - 1)
+  m = np.lcm(kinds, 10)
+  levels = []
+  tree = np.arange(num_roots, dtype=np.int32)
+  parent = np.zeros(0, np.int32)
+  length = np.zeros(num_roots, np.int32)  # [T] tokens so far
+  for depth in range(1, max_depth + 1):
+    if depth < max_depth:
+      r = rng.integers(0, 4 * m, size=tree.size, dtype=np.int32)
+    else:  # nodes at max_depth are digits
+      r = rng.integers(m, 4 * m, size=tree.size, dtype=np.int32)
+    levels.append((tree, parent, r))
+    is_op = r < m
+    length += np.bincount(tree, minlength=num_roots).astype(np.int32)
+    length += np.bincount(tree[is_op], minlength=num_roots).astype(np.int32)
+    grow = np.flatnonzero(is_op & (length[tree] < limit))
+    parent = np.repeat(grow.astype(np.int32), 2 + (r[grow] % kinds >> 2))
+    if not parent.size:
+      break
+    tree = tree[parent]
+  return levels, length, length < limit
 
-  def __init__(self, seed: int, max_depth: int, max_args: int):
-    if max_depth < 1 or max_args < 2:
-      raise ValueError(f"need max_depth >= 1 and max_args >= 2, got {max_depth}, {max_args}.")
-    self._rand = random.Random(seed).random
-    self._max_depth = max_depth
-    self._num_kinds = 4 * (max_args - 1)
 
-  def _node(self, depth: int, out: list, limit: int) -> int:
-    """Appends an operator node at `depth` to `out`; returns its value."""
-    if len(out) >= limit:
-      raise _TooLong
-    rand = self._rand
-    kind = int(rand() * self._num_kinds)
-    op, num_args = kind & 3, 2 + (kind >> 2)
-    out.append(_OP0 + op)
-    child_depth = depth + 1
-    if child_depth < self._max_depth:
-      vals = []
-      for _ in range(num_args):
-        u = rand()
-        if u <= VALUE_P:
-          v = self._node(child_depth, out, limit)
-        else:
-          v = int((u - VALUE_P) * 40.0) // 3  # uniform 0..9 (VALUE_P = 1/4)
-          out.append(_DIGIT0 + v)
-        vals.append(v)
-    else:  # children at max_depth are always digits
-      vals = [int(rand() * 10) for _ in range(num_args)]
-      out.extend([_DIGIT0 + v for v in vals])
-    out.append(END_ID)
-    return _apply(op, vals)
+def _select(levels: list, keep_tree: np.ndarray, max_args: int) -> _Levels:
+  """The trees with keep_tree[t] (all of their nodes are present), renumbered and decoded."""
+  kinds = 4 * (max_args - 1)
+  m = np.lcm(kinds, 10)
+  out = _Levels([], [], [], [])
+  new_index = None
+  for tree, parent, r in levels:
+    keep = keep_tree[tree]
+    if not keep.any():
+      break
+    parent = new_index[parent[keep]] if new_index is not None else parent
+    new_index = np.cumsum(keep, dtype=np.int32) - 1
+    r = r[keep].astype(np.int64)
+    is_op = r < m
+    out.parent.append(parent)
+    out.op.append(np.where(is_op, r % kinds & 3, -1))
+    out.arity.append(np.where(is_op, 2 + (r % kinds >> 2), 0))
+    out.digit.append(np.where(is_op, 0, r % 10))
+  return out
 
-  def tree(self, limit: int) -> tuple[list, int] | None:
-    """One tree from the root (depth 1); None if it reached `limit` tokens."""
-    u = self._rand()
-    if u > VALUE_P or self._max_depth <= 1:
-      v = int(self._rand() * 10)
-      return [_DIGIT0 + v], v
-    out = []
-    try:
-      v = self._node(1, out, limit)
-    except _TooLong:
-      return None
-    return out, v
+
+def _flatten(lv: _Levels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Prefix token ids of all trees back to back; returns (tokens, tree starts, values)."""
+  depth = len(lv.op)
+  size = [None] * depth
+  value = [None] * depth
+  for d in reversed(range(depth)):  # bottom up: sizes and values
+    is_op = lv.op[d] >= 0
+    size[d] = np.where(is_op, 2, 1)
+    value[d] = lv.digit[d].copy()
+    if d + 1 < depth and lv.parent[d + 1].size:
+      child_size, child_val, parent = size[d + 1], value[d + 1], lv.parent[d + 1]
+      size[d] = size[d] + np.bincount(parent, weights=child_size, minlength=size[d].size
+                                      ).astype(np.int64)
+      arity = lv.arity[d][is_op]
+      starts = np.cumsum(arity) - arity
+      ranked = child_val[np.lexsort((child_val, parent))]  # sorted within each parent
+      mid = starts + arity // 2
+      med = np.where(arity % 2 == 1, ranked[mid], (ranked[mid - 1] + ranked[mid]) // 2)
+      results = np.stack([np.minimum.reduceat(child_val, starts),
+                          np.maximum.reduceat(child_val, starts), med,
+                          np.add.reduceat(child_val, starts) % 10])  # [4, ops]
+      value[d][is_op] = results[lv.op[d][is_op], np.arange(arity.size)]
+  pos = [np.cumsum(size[0]) - size[0]]  # top down: position of each node's first token
+  for d in range(1, depth):
+    is_op = lv.op[d - 1] >= 0
+    arity = lv.arity[d - 1][is_op]
+    before = np.cumsum(size[d]) - size[d]
+    starts = np.cumsum(arity) - arity
+    pos.append(np.repeat(pos[d - 1][is_op] + 1 - before[starts], arity) + before)
+  tokens = np.empty(int(size[0].sum()), np.uint8)
+  for d in range(depth):
+    is_op = lv.op[d] >= 0
+    tokens[pos[d]] = np.where(is_op, _OP0 + lv.op[d], _DIGIT0 + lv.digit[d])
+    tokens[(pos[d] + size[d] - 1)[is_op]] = END_ID
+  return tokens, pos[0], value[0]
 
 
 def _apply(op: int, vals: list) -> int:
@@ -166,30 +207,39 @@ def generate(num: int, *, min_length: int, max_length: int, max_depth: int = 10,
              exclude: set | None = None) -> list[tuple[np.ndarray, int]]:
   """Generates `num` unique trees with min_length < tokens < max_length.
 
-  Returns a list of (token ids as uint8 [n], label). Trees whose bytes are in `exclude` are
-  skipped, and the kept ones are added to it (pass one set to keep splits disjoint).
+  Returns a list of (token ids as uint8 [n], label). Trees whose token bytes are in `exclude`
+  are skipped, and the kept ones are added to it (pass one set to keep splits disjoint).
   """
   if max_length - min_length < 2 or max_length <= 4:
     raise ValueError(
         f"no ListOps tree has min_length < length < max_length for ({min_length}, "
         f"{max_length}); an operator node has at least 4 tokens, so use e.g. (20, 200).")
+  if max_depth < 1 or max_args < 2:
+    raise ValueError(f"need max_depth >= 1 and max_args >= 2, got {max_depth}, {max_args}.")
   seen = set() if exclude is None else exclude
-  sampler = _Sampler(seed, max_depth, max_args)
+  rng = np.random.default_rng(seed)
   out = []
-  tries = 0
-  while len(out) < num:
-    tries += 1
-    if tries > 1000 * (num + 100) and not out:
-      raise RuntimeError(f"the generator keeps no tree with lengths in ({min_length}, "
-                         f"{max_length}); max_depth={max_depth}, max_args={max_args} is too small.")
-    drawn = sampler.tree(max_length)
-    if drawn is None or not min_length < len(drawn[0]) < max_length:
+  for _ in range(1000 + 100 * num):
+    if len(out) >= num:
+      return out
+    levels, length, complete = _draw_levels(rng, _ROOTS_PER_ROUND, max_length, max_depth, max_args)
+    keep = complete & (length > min_length) & (length < max_length)  # [T]
+    if not keep.any():
       continue
-    key = bytes(drawn[0])
-    if key in seen:
-      continue
-    seen.add(key)
-    out.append((np.frombuffer(key, np.uint8), drawn[1]))
+    tokens, starts, values = _flatten(_select(levels, keep, max_args))
+    ends = np.append(starts[1:], tokens.size)
+    for start, end, value in zip(starts.tolist(), ends.tolist(), values.tolist()):
+      key = tokens[start:end].tobytes()
+      if key not in seen:
+        seen.add(key)
+        out.append((np.frombuffer(key, np.uint8), value))
+        if len(out) == num:
+          break
+  if len(out) < num:
+    raise RuntimeError(
+        f"the generator found only {len(out)} of {num} unique trees with lengths in "
+        f"({min_length}, {max_length}) for max_depth={max_depth}, max_args={max_args}; "
+        f"widen the length bounds or ask for fewer examples.")
   return out
 
 
@@ -313,7 +363,8 @@ class ListOpsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         builder=self,
         description=__doc__,
         features=tfds.features.FeaturesDict({
-            "inputs": tfds.features.Tensor(shape=(None,), dtype=np.uint8),  # ids, no padding
+            "inputs": tfds.features.Tensor(shape=(None,), dtype=np.uint8,  # ids, no padding
+                                          encoding=tfds.features.Encoding.BYTES),
             "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
         }),
         homepage="https://github.com/google-research/long-range-arena",
