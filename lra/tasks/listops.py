@@ -100,14 +100,14 @@ class _Levels(NamedTuple):
 
 
 def _draw_levels(rng: np.random.Generator, num_roots: int, limit: int, max_depth: int,
-                 max_args: int) -> tuple[list, np.ndarray, np.ndarray]:
-  """Draws `num_roots` trees breadth first: per level (tree, parent, draw); lengths; complete.
+                 max_args: int) -> tuple[list, np.ndarray]:
+  """Draws `num_roots` trees breadth first; returns per level (tree, parent, draw), lengths [T].
 
   One integer draw r in [0, 4m) per node, m = lcm(4 (max_args - 1), 10): r < m (probability
   VALUE_P = 1/4) makes an operator whose kind r mod 4(max_args - 1) picks the operator and the
   arity, otherwise the node is the digit r mod 10; both are uniform. A tree stops growing once
-  it has `limit` tokens (it can only be rejected): the work per tree is bounded, its length is a
-  lower bound and complete is False.
+  it has `limit` tokens (it can only be rejected): the work per tree is bounded, and its length
+  is then a lower bound, still >= limit.
   """
   kinds = 4 * (max_args - 1)
   m = np.lcm(kinds, 10)
@@ -129,7 +129,7 @@ def _draw_levels(rng: np.random.Generator, num_roots: int, limit: int, max_depth
     if not parent.size:
       break
     tree = tree[parent]
-  return levels, length, length < limit
+  return levels, length
 
 
 def _select(levels: list, keep_tree: np.ndarray, max_args: int) -> _Levels:
@@ -222,8 +222,8 @@ def generate(num: int, *, min_length: int, max_length: int, max_depth: int = 10,
   for _ in range(1000 + 100 * num):
     if len(out) >= num:
       return out
-    levels, length, complete = _draw_levels(rng, _ROOTS_PER_ROUND, max_length, max_depth, max_args)
-    keep = complete & (length > min_length) & (length < max_length)  # [T]
+    levels, length = _draw_levels(rng, _ROOTS_PER_ROUND, max_length, max_depth, max_args)
+    keep = (length > min_length) & (length < max_length)  # [T]: complete trees only
     if not keep.any():
       continue
     tokens, starts, values = _flatten(_select(levels, keep, max_args))
@@ -350,7 +350,7 @@ class ListOpsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   name = "lra_listops"
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Released LRA TSVs or the seeded generator; fixed vocabulary."}
-  BUILDER_CONFIGS = [ListOpsConfig(name="released", description="LRA release TSVs.")]
+  BUILDER_CONFIGS = []  # configs are made by `builder_config(data_cfg)`
 
   @tfds.core.utils.classproperty
   @classmethod
