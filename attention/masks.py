@@ -265,3 +265,46 @@ def bigbird_mask(length: int, *, block_size: int, num_global_blocks: int,
                                  num_random_blocks=num_random_blocks, seed=seed,
                                  num_heads=num_heads)
   return block_layout_mask(layout, block_size, length)
+
+
+# --- Reformer LSH (attention.lsh) -----------------------------------------------------------
+
+
+def lsh_pair_counts(buckets, *, chunk_size: int, causal: bool = False,
+                    key_mask=None) -> np.ndarray:
+  """int `[B, H, L, L]`: in how many hash rounds query i attends key j in `lsh_attention`.
+
+  `buckets` is int `[B, H, R, L]` from `attention.lsh.lsh_buckets` (padded tokens in bucket
+  `num_buckets`, above every real bucket). Per round, tokens are ordered by (bucket, position)
+  and `rank` is the place in that order. Query i may use key j when both are real and
+    * non-causal: rank(j) // chunk_size is rank(i) // chunk_size or one less (own chunk and
+      the previous one, no wrap-around);
+    * causal: j is in i's bucket, position(j) <= position(i), and rank(i) - rank(j) <=
+      chunk_size (the chunk_size most recent earlier tokens of the bucket);
+  and then j = i is allowed only when no other key is. `lsh_attention` equals a softmax over
+  logits + log(count) restricted to count > 0.
+  """
+  buckets = np.asarray(buckets)
+  b_, h, rounds, length = buckets.shape
+  real = np.ones((b_, length), bool) if key_mask is None else np.asarray(key_mask, bool)
+  pos = np.arange(length)
+  eye = np.eye(length, dtype=bool)
+  counts = np.zeros((b_, h, length, length), np.int32)
+  for b in range(b_):
+    for hh in range(h):
+      for r in range(rounds):
+        bucket = buckets[b, hh, r]
+        rank = np.empty(length, int)
+        rank[np.lexsort((pos, bucket))] = pos
+        if causal:
+          gap = rank[:, None] - rank[None, :]
+          ok = ((bucket[:, None] == bucket[None, :]) & (gap <= chunk_size)
+                & (pos[:, None] >= pos[None, :]))
+        else:
+          chunk = rank // chunk_size
+          ok = (chunk[None, :] == chunk[:, None]) | (chunk[None, :] == chunk[:, None] - 1)
+        ok &= real[b][:, None] & real[b][None, :]
+        other = ok & ~eye
+        ok = np.where(other.any(axis=1, keepdims=True), other, ok & eye)
+        counts[b, hh] += ok
+  return counts

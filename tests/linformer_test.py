@@ -133,8 +133,6 @@ def test_shorter_input_uses_first_rows():
                 linformer_attention(q, k, v, proj_k=e[:7], proj_v=f[:7]))
 
 
-@pytest.mark.xfail(raises=jax.errors.TracerArrayConversionError, strict=False,
-                   reason="validation.check_token_mask converts a traced mask with numpy")
 def test_under_jit_with_traced_mask():
   q, k, v = _qkv(13, length=8)
   e = _normal(14, (8, 4))
