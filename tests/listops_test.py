@@ -142,6 +142,8 @@ def test_generator_is_seeded_and_excludes():
   assert not {bytes(x) for x, _ in a} & {bytes(x) for x, _ in d} and len(seen) == 100
   with pytest.raises(ValueError, match="min_length < length < max_length"):
     listops.generate(5, min_length=10, max_length=11)
+  with pytest.raises(RuntimeError, match="found only 400 of 401"):  # 4 ops x 10 x 10 digits
+    listops.generate(401, min_length=3, max_length=5, max_depth=2, max_args=2)
 
 
 def _small_cfg(tmp_path, **kw):

@@ -9,9 +9,10 @@ Generator: the grammar of the LRA generator (`lra_benchmarks/data/listops.py`). 
 digit; an operator draws its operator uniformly and 2..max_args (inclusive, uniform) children.
 Trees are kept when `gen_min_length < tokens < gen_max_length` (strict, as in LRA) and are unique
 across all three splits. LRA used max_depth 10, max_args 10 and lengths (500, 2000). Unlike LRA,
-the generator is seeded, and a tree that grows past the upper bound is abandoned as soon as it
-does (the kept trees have the same distribution; only rejected work is skipped). Splits are drawn
-in the order test, validation, train, so the evaluation splits do not change with `num_train`.
+the generator is seeded, draws 2048 trees at a time breadth first with numpy, and stops growing a
+tree once it reaches the upper bound (the kept trees have the same distribution; only rejected
+work is skipped). Splits are drawn in the order test, validation, train, so the evaluation
+splits do not change with `num_train`.
 
 Released format: `lra_release/listops-1000/basic_{train,val,test}.tsv`, a header `Source\tTarget`,
 then one row per example whose source is the tree written as left-nested pairs,
@@ -57,7 +58,7 @@ OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 _DIGIT0 = TOKEN_TO_ID["0"]        # id of digit d is _DIGIT0 + d
 _OP0 = TOKEN_TO_ID["[MIN"]        # ids of OPERATORS are _OP0 + 0..3
 END_ID = TOKEN_TO_ID["]"]
-VALUE_P = 0.25                    # probability that a node above max_depth is an operator
+VALUE_P = 0.25                    # P(operator) at depth < max_depth; _draw_levels assumes 1/4
 _ROOTS_PER_ROUND = 2048           # trees drawn together by the vectorised generator
 
 SPLITS = ("train", "validation", "test")
@@ -219,9 +220,14 @@ def generate(num: int, *, min_length: int, max_length: int, max_depth: int = 10,
   seen = set() if exclude is None else exclude
   rng = np.random.default_rng(seed)
   out = []
-  for _ in range(1000 + 100 * num):
-    if len(out) >= num:
-      return out
+  idle_rounds = 0  # consecutive rounds that found nothing new
+  while len(out) < num:
+    if idle_rounds == 200:
+      raise RuntimeError(
+          f"the generator found only {len(out)} of {num} unique trees with lengths in "
+          f"({min_length}, {max_length}) for max_depth={max_depth}, max_args={max_args}; "
+          f"widen the length bounds or ask for fewer examples.")
+    idle_rounds += 1
     levels, length = _draw_levels(rng, _ROOTS_PER_ROUND, max_length, max_depth, max_args)
     keep = (length > min_length) & (length < max_length)  # [T]: complete trees only
     if not keep.any():
@@ -233,13 +239,9 @@ def generate(num: int, *, min_length: int, max_length: int, max_depth: int = 10,
       if key not in seen:
         seen.add(key)
         out.append((np.frombuffer(key, np.uint8), value))
+        idle_rounds = 0
         if len(out) == num:
           break
-  if len(out) < num:
-    raise RuntimeError(
-        f"the generator found only {len(out)} of {num} unique trees with lengths in "
-        f"({min_length}, {max_length}) for max_depth={max_depth}, max_args={max_args}; "
-        f"widen the length bounds or ask for fewer examples.")
   return out
 
 
