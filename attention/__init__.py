@@ -10,12 +10,18 @@ from attention.band import band_attention
 from attention.dot_product import dot_product_attention
 from attention.favor import favor_attention, favor_features
 from attention.linear import linear_attention
+from attention.linformer import linformer_attention
+from attention.lsh import lsh_attention
+from attention.synthesizer import synthesizer_attention
 
 REGISTRY = {
     "dot_product": dot_product_attention,
     "band": band_attention,
     "favor": favor_attention,
     "linear": linear_attention,
+    "linformer": linformer_attention,
+    "lsh": lsh_attention,
+    "synthesizer": synthesizer_attention,
 }
 
 
@@ -29,4 +35,5 @@ def get(name: str):
 
 
 __all__ = ["REGISTRY", "band_attention", "dot_product_attention", "get", "masks",
-           "favor_attention", "favor_features", "linear_attention"]
+           "favor_attention", "favor_features", "linear_attention",
+           "linformer_attention", "lsh_attention", "synthesizer_attention"]
