@@ -483,10 +483,11 @@ def run_all(args, impls: dict):
   if args.demo:
     args.lengths, args.repeats, args.budget = DEMO["lengths"], DEMO["repeats"], DEMO["budget"]
     args.impls = args.impls or DEMO["impls"]
-  names = list(impls) if args.impls is None else args.impls.split(",")
-  unknown = [x for x in names if x not in impls]
+  wanted = list(impls) if args.impls is None else args.impls.split(",")
+  unknown = [x for x in wanted if x not in impls]
   if unknown:
     raise SystemExit(f"unknown impl(s) {', '.join(unknown)}; valid: {', '.join(impls)}.")
+  names = [x for x in impls if x in wanted]  # module order: a group's first impl is its subject
   if args.groups:
     names = [x for x in names if impls[x]["group"] in args.groups.split(",")]
   modes = args.modes.split(",")
