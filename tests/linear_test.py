@@ -50,8 +50,8 @@ def _key_mask(b, length, rng):
   return jnp.asarray(mask)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("length,chunk", [(1, 16), (7, 16), (64, 16), (100, 32), (130, 64)])
+@pytest.mark.parametrize("causal,length,chunk", [
+    (False, 1, 16), (False, 100, 32), (True, 7, 16), (True, 64, 16), (True, 130, 64)])
 def test_linear_attention_matches_naive(causal, length, chunk):
   rng = np.random.default_rng(length)
   q, k, v = _inputs(rng, 3, length, 2, 8, dv=5)
@@ -73,7 +73,7 @@ def test_linear_attention_matches_naive(causal, length, chunk):
                                key_mask=key_mask, xp=jnp))
 
   grads = jax.grad(loss_fast, argnums=(0, 1, 2))(q, k, v)
-  refs = jax.grad(loss_naive, argnums=(0, 1, 2))(q, k, v)
+  refs = jax.jit(jax.grad(loss_naive, argnums=(0, 1, 2)))(q, k, v)
   for g, r in zip(grads, refs):
     assert np.all(np.isfinite(np.asarray(g)))
     np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=2e-5, rtol=1e-4)

@@ -1,0 +1,222 @@
+"""Tests for attention.favor: random features, exactness of the kernel sums, causality, padding,
+bfloat16 range at long length, approximation quality, and input errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention
+from attention import favor
+from attention.dot_product import dot_product_attention
+
+
+def _phi_np(x, w, kernel):
+  """Performer features in float64, straight from the paper, without any stabiliser."""
+  x = np.asarray(x, np.float64) * x.shape[-1] ** -0.25
+  proj = np.einsum("blhd,md->blhm", x, np.asarray(w, np.float64))
+  if kernel == "relu":
+    return np.maximum(proj, 0.0) + favor.RELU_EPSILON
+  return np.exp(proj - 0.5 * np.sum(x * x, -1, keepdims=True)) / np.sqrt(w.shape[0])
+
+
+def _phi_jnp(x, w, kernel):
+  x = x * x.shape[-1] ** -0.25
+  proj = jnp.einsum("blhd,md->blhm", x, w)
+  if kernel == "relu":
+    return jax.nn.relu(proj) + favor.RELU_EPSILON
+  return jnp.exp(proj - 0.5 * jnp.sum(x * x, -1, keepdims=True)) / np.sqrt(w.shape[0])
+
+
+def _naive(phi_q, phi_k, v, causal, key_mask, xp):
+  """Quadratic masked computation of the same kernel."""
+  kern = xp.einsum("bqhm,bkhm->bhqk", phi_q, phi_k)
+  length = phi_q.shape[1]
+  allowed = (np.tril(np.ones((length, length), bool)) if causal
+             else np.ones((length, length), bool))[None, None]
+  if key_mask is not None:
+    allowed = allowed & np.asarray(key_mask)[:, None, None, :]
+  kern = xp.where(allowed, kern, 0.0)
+  den = xp.sum(kern, -1).transpose(0, 2, 1)[..., None]
+  out = xp.einsum("bhqk,bkhd->bqhd", kern, v) / xp.where(den > 0, den, 1.0)
+  if key_mask is not None:
+    out = xp.where(np.asarray(key_mask)[:, :, None, None], out, 0.0)
+  return out
+
+
+def _unit_rows(rng, shape, sq_norm):
+  """Random directions with |x|^2 = sq_norm * sqrt(d), i.e. |x d^-1/4|^2 = sq_norm."""
+  x = rng.normal(size=shape)
+  x = x / np.linalg.norm(x, axis=-1, keepdims=True) * np.sqrt(sq_norm * np.sqrt(shape[-1]))
+  return jnp.asarray(x, jnp.float32)
+
+
+def test_orthogonal_features():
+  d, m = 16, 40                                      # 3 blocks, the last one partial
+  w = np.asarray(favor.favor_features(jax.random.key(0), m, d))
+  assert w.shape == (m, d) and w.dtype == np.float32
+  unit = w / np.linalg.norm(w, axis=-1, keepdims=True)
+  for start in range(0, m, d):
+    block = unit[start:start + d]
+    np.testing.assert_allclose(block @ block.T, np.eye(len(block)), atol=1e-5)
+  norms = np.linalg.norm(w, axis=-1)                 # chi_d norms, not all sqrt(d)
+  assert norms.std() > 0.2 and abs(norms.mean() - np.sqrt(d)) < 1.0
+  np.testing.assert_array_equal(w, favor.favor_features(jax.random.key(0), m, d))
+  assert not np.allclose(w, favor.favor_features(jax.random.key(1), m, d))
+  iid = np.asarray(favor.favor_features(jax.random.key(0), m, d, orthogonal=False))
+  assert iid.shape == (m, d)
+  assert np.abs(iid @ iid.T - np.diag(np.diag(iid @ iid.T))).max() > 1.0
+
+
+def test_orthogonal_blocks_are_haar_sign_corrected():
+  """Without the sign(diag R) fix, QR makes Q[0, 0] etc. systematically negative."""
+  d, blocks = 4, 400
+  w = np.asarray(favor.favor_features(jax.random.key(3), d * blocks, d))
+  unit = (w / np.linalg.norm(w, axis=-1, keepdims=True)).reshape(blocks, d, d)
+  diag = np.diagonal(unit, axis1=1, axis2=2)        # Q[i, i] of every block
+  assert abs(diag.mean()) < 0.05, diag.mean()        # Haar: 0 +- 0.013; unfixed: about -0.4
+
+
+@pytest.mark.parametrize("kernel,causal,length,chunk", [
+    ("softmax", False, 100, 32), ("softmax", True, 100, 32), ("softmax", True, 5, 16),
+    ("relu", False, 5, 16), ("relu", True, 100, 32)])
+def test_matches_naive_kernel(kernel, causal, length, chunk):
+  rng = np.random.default_rng(length)
+  b, h, d, m = 3, 2, 16, 24
+  q, k = (_unit_rows(rng, (b, length, h, d), 1.0) for _ in range(2))
+  v = jnp.asarray(rng.normal(size=(b, length, h, 8)), jnp.float32)
+  mask = rng.random((b, length)) < 0.8
+  mask[0] = False                                    # all-padding row
+  mask[1, :3] = True
+  key_mask = jnp.asarray(mask)
+  w = favor.favor_features(jax.random.key(length), m, d)
+  kw = dict(features=w, causal=causal, key_mask=key_mask, chunk_size=chunk, kernel=kernel)
+  out = favor.favor_attention(q, k, v, **kw)
+  ref = _naive(_phi_np(q, w, kernel), _phi_np(k, w, kernel), np.asarray(v, np.float64), causal,
+               mask, np)
+  np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5, rtol=0)
+  assert not np.any(np.asarray(out)[0])
+
+  ct = jnp.asarray(rng.normal(size=v.shape), jnp.float32)
+  grads = jax.grad(lambda q, k, v: jnp.sum(ct * favor.favor_attention(q, k, v, **kw)),
+                   argnums=(0, 1, 2))(q, k, v)
+  refs = jax.jit(jax.grad(lambda q, k, v: jnp.sum(ct * _naive(
+      _phi_jnp(q, w, kernel), _phi_jnp(k, w, kernel), v, causal, mask, jnp)),
+                          argnums=(0, 1, 2)))(q, k, v)
+  for g, r in zip(grads, refs):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "relu"])
+@pytest.mark.parametrize("t", [50, 63, 64])
+def test_causal_outputs_ignore_future_tokens_bitwise(kernel, t):
+  rng = np.random.default_rng(t)
+  b, length, h, d = 2, 150, 2, 32
+  q, k = (_unit_rows(rng, (b, length, h, d), 2.0) for _ in range(2))
+  v = jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32)
+  w = favor.favor_features(jax.random.key(0), 64, d)
+  kw = dict(features=w, causal=True, chunk_size=64, kernel=kernel)
+  out = np.asarray(favor.favor_attention(q, k, v, **kw))
+  future = jnp.arange(length)[None, :, None, None] > t
+  # Future keys with 3x the norm: they set any sequence-wide key max.
+  q2, k2, v2 = (jnp.where(future, x * s + 1, x) for x, s in ((q, -2), (k, 3), (v, 5)))
+  out2 = np.asarray(favor.favor_attention(q2, k2, v2, **kw))
+  np.testing.assert_array_equal(out[:, :t + 1], out2[:, :t + 1])
+  assert not np.array_equal(out[:, t + 1:], out2[:, t + 1:])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_keys_do_not_change_real_outputs(causal):
+  rng = np.random.default_rng(7)
+  b, length, h, d = 2, 90, 2, 16
+  q, k = (_unit_rows(rng, (b, length, h, d), 1.0) for _ in range(2))
+  v = jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32)
+  real = np.ones((b, length), bool)
+  real[0, 60:] = False
+  real[1, 10:20] = False
+  key_mask = jnp.asarray(real)
+  w = favor.favor_features(jax.random.key(1), 32, d)
+  kw = dict(features=w, causal=causal, key_mask=key_mask, chunk_size=32)
+  out = np.asarray(favor.favor_attention(q, k, v, **kw))
+  pad = ~key_mask[:, :, None, None]
+  k2, v2 = jnp.where(pad, k * 4 + 2, k), jnp.where(pad, 1e4, v)   # garbage in the padding
+  out2 = np.asarray(favor.favor_attention(q, k2, v2, **kw))
+  np.testing.assert_array_equal(out[real], out2[real])
+  assert not np.any(out[~real]) and not np.any(out2[~real])
+  # Row 0 is left-aligned padding: its real part equals the unpadded sequence.
+  short = np.asarray(favor.favor_attention(q[:1, :60], k[:1, :60], v[:1, :60], features=w,
+                                           causal=causal, chunk_size=32))
+  np.testing.assert_allclose(out[0, :60], short[0], atol=1e-6, rtol=0)
+
+
+def test_no_nan_or_inf_in_bfloat16_at_16384():
+  """Logit spread like a trained model (std ~1.5) plus a few keys of 4x that norm."""
+  rng = np.random.default_rng(0)
+  length, d = 16384, 64
+  q, k = (_unit_rows(rng, (1, length, 1, d), 12.0) for _ in range(2))
+  k = k.at[0, ::997].multiply(4.0)
+  v = jnp.asarray(rng.normal(size=(1, length, 1, d)), jnp.float32)
+  q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+  w = favor.favor_features(jax.random.key(0), 256, d)
+  key_mask = jnp.arange(length)[None] < length - 100
+  for causal in (False, True):
+    out = favor.favor_attention(q, k, v, features=w, causal=causal, key_mask=key_mask)
+    assert out.dtype == jnp.bfloat16
+    assert np.all(np.isfinite(np.asarray(out, np.float32))), causal
+  grads = jax.grad(lambda q, k, v: jnp.sum(favor.favor_attention(
+      q, k, v, features=w, causal=True).astype(jnp.float32)), argnums=(0, 1, 2))(q, k, v)
+  for g in grads:
+    assert np.all(np.isfinite(np.asarray(g, np.float32)))
+
+
+def _mean_relative_error(out, exact):
+  err = jnp.linalg.norm(out - exact, axis=-1) / jnp.linalg.norm(exact, axis=-1)
+  return float(jnp.mean(err))
+
+
+def test_error_falls_with_features_and_orthogonal_beats_iid():
+  """Mean relative output error vs exact softmax attention, head_dim 64, 4 feature draws.
+
+  Inputs have |q d^-1/4|^2 = |k d^-1/4|^2 = 0.5: the regime where 256 features reach 0.1 (the
+  estimator's variance grows like exp(|q' + k'|^2) / m; benchmarks/favor_quality.py sweeps norms).
+  """
+  rng = np.random.default_rng(0)
+  b, length, h, d = 1, 256, 4, 64
+  q, k = (_unit_rows(rng, (b, length, h, d), 0.5) for _ in range(2))
+  v = jnp.asarray(rng.normal(size=(b, length, h, d)), jnp.float32)
+  exact = dot_product_attention(q, k, v)
+  errors = {}
+  for orthogonal in (True, False):
+    for m in (16, 64, 256):
+      errors[orthogonal, m] = np.mean([_mean_relative_error(favor.favor_attention(
+          q, k, v, features=favor.favor_features(jax.random.key(s), m, d,
+                                                 orthogonal=orthogonal)), exact)
+          for s in range(4)])
+  for orthogonal in (True, False):
+    assert errors[orthogonal, 16] > errors[orthogonal, 64] > errors[orthogonal, 256], errors
+  assert errors[True, 256] < 0.1, errors
+  assert errors[True, 64] + errors[True, 256] < errors[False, 64] + errors[False, 256], errors
+
+
+def test_errors_say_what_to_do():
+  q = jnp.zeros((1, 8, 2, 16))
+  w = favor.favor_features(jax.random.key(0), 32, 16)
+  with pytest.raises(ValueError, match=r"\[m, 16\].*favor_features\(key, num_features, head_dim=16"):
+    favor.favor_attention(q, q, q, features=favor.favor_features(jax.random.key(0), 32, 8))
+  with pytest.raises(ValueError, match="features must have shape"):
+    favor.favor_attention(q, q, q, features=jnp.zeros((16,)))
+  with pytest.raises(ValueError, match="unknown FAVOR\\+ kernel 'cos'; valid kernels: softmax, relu"):
+    favor.favor_attention(q, q, q, features=w, kernel="cos")
+  with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+    favor.favor_attention(q, q, q, features=w, causal=True, chunk_size=-4)
+  with pytest.raises(ValueError, match="same length"):
+    favor.favor_attention(q, q[:, :5], q[:, :5], features=w, causal=True)
+  with pytest.raises(ValueError, match="num_features must be a positive int"):
+    favor.favor_features(jax.random.key(0), 0, 16)
+  with pytest.raises(ValueError, match="head_dim must be a positive int"):
+    favor.favor_features(jax.random.key(0), 8, 16.0)
+
+
+def test_registered():
+  assert attention.get("favor") is favor.favor_attention
+  assert attention.favor_features is favor.favor_features
