@@ -102,10 +102,13 @@ def model_defaults() -> ml_collections.ConfigDict:
 # rough "how far can a query see" knob shared by the local kinds). Kinds not listed get none.
 def attention_defaults(kind: str, *, window: int, max_length: int) -> dict[str, Any]:
   """Default arguments for attention `kind` in a model over `max_length` tokens."""
+  chunk = 64 if max_length >= 1024 else 16
   table = {
       "band": {"window": window},
       "favor": {"num_features": 256},
-      "linformer": {"k": 256 if max_length >= 1024 else 64},
-      "synthesizer": {"mode": "random"},
+      "linformer": {"k": 256 if max_length >= 1024 else 32},
+      "lsh": {"num_hashes": 2, "chunk_size": chunk,
+              "num_buckets": 2 * max(1, round(max_length / (2 * chunk)))},
+      "synthesizer": {"components": "random+dot_product"},
   }
   return dict(table.get(kind, {}))

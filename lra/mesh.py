@@ -44,12 +44,9 @@ def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, int, in
     raise ValueError(
         f"mesh {dict(zip(MESH_AXES, shape))} does not fit {num_devices} devices: the product "
         f"of the sizes must divide the device count (use -1 for 'the rest').")
+  # Explicit sizes whose product is below the device count use the first devices only.
   if -1 in shape:
     shape[shape.index(-1)] = num_devices // known
-  elif known != num_devices:
-    raise ValueError(
-        f"mesh {dict(zip(MESH_AXES, shape))} uses {known} devices but {num_devices} are "
-        f"present: set one axis to -1 or make the product {num_devices}.")
   return tuple(shape)
 
 
@@ -57,6 +54,7 @@ def make_mesh(sizes: Mapping[str, int], devices: Sequence[Any] | None = None) ->
   """A (data, fsdp, tensor) mesh with Auto axes over `devices` (default: all devices)."""
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(sizes, len(devices))
+  devices = devices[:int(np.prod(shape))]
   return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES,
               axis_types=(AxisType.Auto,) * len(MESH_AXES))
 

@@ -191,7 +191,7 @@ class Trainer:
       (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
       updates, opt_state = tx.update(grads, state["opt"], state["params"])
       params = optax.apply_updates(state["params"], updates)
-      sums["grad_norm"] = optax.global_norm(grads)
+      sums["grad_norm"] = optax.tree.norm(grads)
       return {"params": params, "opt": opt_state, "step": state["step"] + 1}, sums
 
     def eval_step(params, batch, rest):

@@ -81,32 +81,68 @@ class LinformerProjections(nnx.Module):
     return {"proj_k": proj_k, "proj_v": proj_k if self.proj_v is None else self.proj_v[...]}
 
 
-class SynthesizerLogits(nnx.Module):
-  """Synthesizer's learned attention logits: dense random `[H, L, L]` or factorised `[H, L, k]`.
+class SynthesizerParams(nnx.Module):
+  """Synthesizer parameter arrays, one set per head, and the learned mixture of components.
 
-  `mode` (config): "random" or "factorized_random" (with rank `k`).
+  `components` (config): "+"-joined names from dense, random, factorized_dense,
+  factorized_random, dot_product; LRA's encoder default is "random+dot_product". `k`: rank of
+  factorized_random; `hidden`: width of the dense MLP. With several components, their weights are
+  a learned `[H, C]` mixture under a softmax over C, as in the paper.
   """
 
-  CONSUMES = ("k",)
+  CONSUMES = ("components", "k", "hidden")
 
   def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
                rngs: nnx.Rngs):
-    del head_dim
-    self.factorized = args.get("mode", "random") == "factorized_random"
-    init = nnx.initializers.normal(1.0)
-    names = ("heads", "length", None)
-    if self.factorized:
+    import math
+    from attention import synthesizer
+    names = tuple(str(args.get("components", "random+dot_product")).split("+"))
+    unknown = [n for n in names if n not in synthesizer.COMPONENTS]
+    if unknown or not names:
+      raise ValueError(f"unknown synthesizer components {unknown}; valid: "
+                       f"{', '.join(synthesizer.COMPONENTS)} (join several with '+').")
+    self.names = tuple(n for n in synthesizer.COMPONENTS if n in names)
+    h, d, n = num_heads, head_dim, max_length
+    normal, zeros = nnx.initializers.normal(1.0), nnx.initializers.zeros_init()
+    scaled = lambda fan_in: nnx.initializers.normal(fan_in ** -0.5)
+    if "dense" in self.names:
+      f = int(args.get("hidden", d))
+      self.dense = nnx.Dict({
+          "w1": param(rngs, scaled(d), (h, d, f), ("heads", "head_dim", None)),
+          "b1": param(rngs, zeros, (h, f), ("heads", None)),
+          "w2": param(rngs, scaled(f), (h, f, n), ("heads", None, "length")),
+          "b2": param(rngs, zeros, (h, n), ("heads", "length"))})
+    if "random" in self.names:
+      self.random = param(rngs, normal, (h, n, n), ("heads", "length", None))
+    if "factorized_dense" in self.names:
+      fa = int(math.ceil(math.sqrt(n)))
+      fb = -(-n // fa)
+      self.factorized_dense = nnx.Dict({
+          "wa": param(rngs, scaled(d), (h, d, fa), ("heads", "head_dim", None)),
+          "ba": param(rngs, zeros, (h, fa), ("heads", None)),
+          "wb": param(rngs, scaled(d), (h, d, fb), ("heads", "head_dim", None)),
+          "bb": param(rngs, zeros, (h, fb), ("heads", None))})
+    if "factorized_random" in self.names:
       rank = int(args.get("k", 32))
-      self.factor_a = param(rngs, init, (num_heads, max_length, rank), names)
-      self.factor_b = param(rngs, init, (num_heads, max_length, rank), names)
-    else:
-      self.logits = param(rngs, init, (num_heads, max_length, max_length), names)
+      self.factorized_random = nnx.Dict({
+          "r1": param(rngs, scaled(rank ** 0.5), (h, n, rank), ("heads", "length", None)),
+          "r2": param(rngs, scaled(rank ** 0.5), (h, n, rank), ("heads", "length", None))})
+    if len(self.names) > 1:
+      self.mix = param(rngs, zeros, (h, len(self.names)), ("heads", None))
 
   def __call__(self, *, length: int, rng) -> dict[str, Any]:
-    del rng
-    if self.factorized:
-      return {"factor_a": self.factor_a[...][:, :length], "factor_b": self.factor_b[...][:, :length]}
-    return {"logits": self.logits[...][:, :length, :length]}
+    del length, rng
+    out: dict[str, Any] = {}
+    for name in self.names:
+      if name == "dot_product":
+        out["dot_product"] = True
+      else:
+        value = getattr(self, name)
+        out[name] = ({k: v[...] for k, v in value.items()} if isinstance(value, nnx.Dict)
+                     else value[...])
+    if len(self.names) > 1:
+      out["mix"] = jax.nn.softmax(self.mix[...], axis=-1)                 # [H, C]
+    return out
 
 
 class LshKey(nnx.Module):
@@ -129,11 +165,12 @@ class LshKey(nnx.Module):
 EXTRAS = {
     "favor": FavorFeatures,
     "linformer": LinformerProjections,
-    "synthesizer": SynthesizerLogits,
+    "synthesizer": SynthesizerParams,
     "lsh": LshKey,
 }
 
-# Kinds whose query and key projections are one shared projection (Reformer's shared-QK).
+# Kinds whose query and key are one shared projection (Reformer's shared-QK): the primitive is
+# called as fn(qk, v, ...).
 SHARED_QK = ("lsh",)
 
 

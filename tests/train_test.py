@@ -1,0 +1,138 @@
+"""Tests for lra/train.py on tiny generated ListOps: every attention kind trains two steps with
+one trace of the step; a Ctrl-C'd and resumed run ends with exactly the parameters of an
+uninterrupted one; a (4, 2) data x tensor mesh gives the losses of one device."""
+
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+import attention
+from configs import common, listops as listops_config
+from lra import metrics, train
+
+jax.config.update("jax_disable_most_optimizations", True)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("listops_data"))
+
+
+def tiny_config(data_dir, kind="dot_product", **overrides):
+  c = listops_config.get_config(f"size=small,attention={kind}")
+  c.data.data_dir = data_dir
+  c.data.num_train, c.data.num_val, c.data.num_test = 64, 16, 16
+  c.data.max_length, c.data.gen_min_length, c.data.gen_max_length = 24, 4, 25
+  c.model.emb_dim, c.model.qkv_dim, c.model.mlp_dim, c.model.classifier_dim = 16, 16, 32, 16
+  c.model.num_heads, c.model.num_layers = 2, 1
+  c.model.attention = dict(kind=kind, **common.attention_defaults(kind, window=4, max_length=25))
+  if kind == "favor":
+    c.model.attention["num_features"] = 8
+  if kind == "linformer":
+    c.model.attention["k"] = 8
+  c.batch_size, c.eval_batch_size = 16, 16
+  c.num_train_steps, c.warmup_steps = 2, 1
+  c.log_every = c.eval_every = c.checkpoint_every = 1
+  c.progress = False
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def train_losses(workdir):
+  return [(r["step"], r["loss"]) for r in metrics.read_metrics(workdir) if r["split"] == "train"]
+
+
+@pytest.mark.parametrize("kind", sorted(attention.REGISTRY))
+def test_two_steps_with_every_attention_kind(kind, data_dir, tmp_path):
+  workdir = str(tmp_path / kind)
+  results = train.train_and_evaluate(tiny_config(data_dir, kind), workdir)
+  assert results["train_step_traces"] == 1
+  assert results["test_examples"] == 16
+  assert 0.0 <= results["test_accuracy"] <= 1.0 and np.isfinite(results["test_loss"])
+  losses = train_losses(workdir)
+  assert [s for s, _ in losses] == [1, 2] and all(np.isfinite(l) for _, l in losses)
+  for name in ("config.json", "results.json", "metrics.jsonl"):
+    assert os.path.exists(os.path.join(workdir, name)), name
+  params = jax.tree.leaves(results["state"]["params"])
+  assert int(results["state"]["step"]) == 2 and all(np.isfinite(p).all() for p in params)
+
+
+def test_interrupted_and_resumed_run_equals_an_uninterrupted_run(data_dir, tmp_path):
+  config = tiny_config(data_dir, num_train_steps=6, checkpoint_every=2, eval_every=100,
+                       **{"model.dropout": 0.1})
+  straight = train.train_and_evaluate(config, str(tmp_path / "straight"))
+
+  resumed_dir = str(tmp_path / "resumed")
+
+  def ctrl_c_at_step_3(step):
+    if step == 3:
+      os.kill(os.getpid(), signal.SIGINT)
+
+  first = train.train_and_evaluate(config, resumed_dir, hooks=[ctrl_c_at_step_3])
+  assert first["interrupted"] and first["step"] == 3
+  assert os.path.isdir(os.path.join(resumed_dir, "checkpoints", "3"))
+  assert not os.path.exists(os.path.join(resumed_dir, "results.json"))
+  second = train.train_and_evaluate(config, resumed_dir)
+  assert not second["interrupted"] and second["train_step_traces"] == 1
+
+  for a, b in zip(jax.tree.leaves(straight["state"]), jax.tree.leaves(second["state"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert train_losses(resumed_dir) == train_losses(str(tmp_path / "straight"))
+  assert second["test_accuracy"] == straight["test_accuracy"]
+
+
+def test_data_by_tensor_mesh_matches_one_device(data_dir, tmp_path):
+  runs = {}
+  for name, mesh in (("one", {"data": 1, "fsdp": 1, "tensor": 1}),
+                     ("mesh", {"data": 4, "fsdp": 1, "tensor": 2})):
+    config = tiny_config(data_dir, num_train_steps=3, eval_every=100, mesh=mesh)
+    results = train.train_and_evaluate(config, str(tmp_path / name))
+    runs[name] = (train_losses(str(tmp_path / name)), results)
+  (one, r_one), (sharded, r_sharded) = runs["one"], runs["mesh"]
+  assert [s for s, _ in one] == [s for s, _ in sharded] == [1, 2, 3]
+  np.testing.assert_allclose([l for _, l in one], [l for _, l in sharded], rtol=1e-5)
+  np.testing.assert_allclose(r_one["test_loss"], r_sharded["test_loss"], rtol=1e-5)
+  query = [x for x in jax.tree.leaves(r_sharded["state"]["params"]) if x.ndim == 3][0]
+  assert "tensor" in str(query.sharding.spec)
+
+
+def test_rerun_of_a_finished_run_does_not_train_again(data_dir, tmp_path):
+  config = tiny_config(data_dir)
+  train.train_and_evaluate(config, str(tmp_path))
+  again = train.train_and_evaluate(config, str(tmp_path))
+  assert [step for step, _ in train_losses(str(tmp_path))] == [1, 2]
+  assert not again["interrupted"] and again["train_step_traces"] == 0
+
+
+def test_language_model_config_refuses_non_causal_kinds():
+  class LmTask:
+    NAME, MODEL = "enwik8", "lm"
+  config = listops_config.get_config("size=small,attention=dot_product")
+  config.model.attention = {"kind": "linformer", "k": 8}
+  if "linformer" not in attention.REGISTRY:
+    pytest.skip("linformer not registered")
+  with pytest.raises(ValueError, match="cannot be causal"):
+    train.validate_config(config, LmTask)
+
+
+def test_schedules():
+  c = listops_config.get_config("size=base")
+  lr = train.learning_rate_schedule(c)
+  np.testing.assert_allclose(float(lr(1000)), 0.05 / np.sqrt(1000), rtol=1e-6)
+  np.testing.assert_allclose(float(lr(4000)), 0.05 / np.sqrt(4000), rtol=1e-6)
+  np.testing.assert_allclose(float(lr(500)), 0.05 * 0.5 / np.sqrt(1000), rtol=1e-6)
+  c.schedule, c.learning_rate, c.warmup_steps, c.num_train_steps = "cosine", 1e-3, 10, 110
+  lr = train.learning_rate_schedule(c)
+  np.testing.assert_allclose([float(lr(10)), float(lr(60)), float(lr(110))],
+                             [1e-3, 5e-4, 0.0], atol=1e-9)
+  c.schedule = "linear_cycle"
+  with pytest.raises(ValueError, match="rsqrt, cosine, constant"):
+    train.learning_rate_schedule(c)
