@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention import validation
+from attention import band_kernel, validation
 from attention.dot_product import NEG_INF, masked_softmax_stats
 
 
@@ -40,28 +40,6 @@ def default_block_size(window: int) -> int:
   return int(min(128, max(32, 2 ** math.ceil(math.log2(max(window, 1) / 4)))))
 
 
-def _split_blocks(x, block: int, axis: int):
-  """Reshapes `axis` (a multiple of `block`) into (num_blocks, block)."""
-  shape = x.shape
-  return x.reshape(shape[:axis] + (shape[axis] // block, block) + shape[axis + 1:])
-
-
-def _window_blocks(x, radius_left: int, radius_right: int, block_axis: int):
-  """Concatenates, for every block n, blocks n - radius_left .. n + radius_right.
-
-  `x` has a block axis at `block_axis` followed by the in-block axis. Blocks beyond either end
-  are zeros. Static pads and slices only. Output replaces the in-block axis by
-  (radius_left + radius_right + 1) * block.
-  """
-  nb = x.shape[block_axis]
-  pad = [(0, 0)] * x.ndim
-  pad[block_axis] = (radius_left, radius_right)
-  xp = jnp.pad(x, pad)
-  parts = [jax.lax.slice_in_dim(xp, o, o + nb, axis=block_axis)
-           for o in range(radius_left + radius_right + 1)]
-  return jnp.concatenate(parts, axis=block_axis + 1)
-
-
 def _band_core(q, k, v, key_ok, *, window: int, dilation: int, causal: bool, block: int):
   """Band attention of one dilation group.
 
@@ -69,50 +47,37 @@ def _band_core(q, k, v, key_ok, *, window: int, dilation: int, causal: bool, blo
     q, k, v: `[B, L, h, D]`.
     key_ok: `[B, L]` bool, keys the band may use.
   Returns:
-    out `[B, L, h, D]` float32 (normalised; 0 where no key), lse `[B, L, h]` float32 (NEG_INF
+    out `[B, L, h, Dv]` float32 (normalised; 0 where no key), lse `[B, L, h]` float32 (NEG_INF
     where no key).
   """
-  b_, length, h, d = q.shape
-  dv = v.shape[-1]
+  b_, length, h, _ = q.shape
   class_len = -(-length // dilation)                      # length of each residue class
   block = min(block, max(8, -(-class_len // 8) * 8))       # never more than one padded class
   nb = -(-class_len // block)
   padded = nb * block * dilation
-  pad = padded - length
   radius = min(-(-window // block) if window > 0 else 0, nb - 1)
   left, right = radius, (0 if causal else radius)
+  chunk = band_kernel.choose_chunk(nb, b_ * h * dilation, block, (left + right + 1) * block)
+  nbq = -(-nb // chunk) * chunk
 
-  def to_blocks(x):  # [B, L, h, D] -> [B, h, dil, nb, block, D]
-    x = jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    x = x.reshape(b_, nb * block, dilation, h, x.shape[-1])
-    x = x.transpose(0, 3, 2, 1, 4)                       # [B, h, dil, Lc, D]
-    return _split_blocks(x, block, 3)
+  def to_blocks(x, before=0, after=0):  # [B, L, h, D] -> [before + nb + after, B, h, dil, block, D]
+    x = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, padded - length), (0, 0), (0, 0)))
+    x = x.reshape(b_, nb, block, dilation, h, x.shape[-1]).transpose(1, 0, 4, 3, 2, 5)
+    return jnp.pad(x, [(before, after)] + [(0, 0)] * 5)
 
-  qb, kb, vb = to_blocks(q), to_blocks(k), to_blocks(v)
-  kw = _window_blocks(kb, left, right, 3)                 # [B, h, dil, nb, W, D]
-  vw = _window_blocks(vb, left, right, 3)
-  ok = jnp.pad(key_ok, ((0, 0), (0, pad))).reshape(b_, nb * block, dilation).transpose(0, 2, 1)
-  okw = _window_blocks(_split_blocks(ok, block, 2), left, right, 2)  # [B, dil, nb, W]
+  key_pad = (left, nbq - nb + right)
+  qb = to_blocks(q, 0, nbq - nb)
+  kb, vb = to_blocks(k, *key_pad), to_blocks(v, *key_pad)
+  ok = jnp.pad(key_ok, ((0, 0), (0, padded - length)))
+  ok = ok.reshape(b_, nb, block, dilation).transpose(1, 0, 3, 2)   # [nb, B, dil, block]
+  ok = jnp.pad(ok, [key_pad, (0, 0), (0, 0), (0, 0)])
 
-  # Static relative positions inside the window: rel = query - key (in class positions).
-  qpos = np.arange(block)[:, None]
-  kpos = np.arange((left + right + 1) * block)[None, :] - left * block
-  rel = qpos - kpos
-  band = (rel <= window) & (rel >= (0 if causal else -window))      # [block, W]
-  allowed = band & okw[:, None, :, :, None, :]                        # [B, 1, dil, nb, block, W]
+  o, lse = band_kernel.band_blocks(qb, kb, vb, ok, window, causal, left, right, chunk)
 
-  scale = 1.0 / math.sqrt(d)
-  logits = jnp.einsum("bhcnqd,bhcnkd->bhcnqk", qb, kw, preferred_element_type=jnp.float32)
-  p, row_max, row_sum = masked_softmax_stats(logits * scale, allowed)
-  o = jnp.einsum("bhcnqk,bhcnkd->bhcnqd", p, vw.astype(jnp.float32))
-  has = row_sum > 0
-  o = o / jnp.where(has, row_sum, 1.0)
-  lse = jnp.where(has, row_max + jnp.log(jnp.where(has, row_sum, 1.0)), NEG_INF)[..., 0]
-
-  def from_blocks(x):  # [B, h, dil, nb, block, ...] -> [B, L, h, ...]
-    x = x.reshape((b_, h, dilation, nb * block) + x.shape[5:])
-    x = jnp.moveaxis(x, (1, 2), (3, 2))                  # [B, Lc, dil, h, ...]
-    x = x.reshape((b_, padded, h) + x.shape[4:])
+  def from_blocks(x):  # [nbq, B, h, dil, block, ...] -> [B, L, h, ...]
+    x = x[:nb]
+    perm = (1, 0, 4, 3, 2) + tuple(range(5, x.ndim))
+    x = x.transpose(perm).reshape((b_, padded, h) + x.shape[5:])
     return x[:, :length]
 
   return from_blocks(o), from_blocks(lse)

@@ -1,0 +1,165 @@
+"""The blocked band-attention kernel: a scan over chunks of query blocks with a custom VJP.
+
+Layout: a sequence is split into `nb` blocks of `block` positions; arrays are stored block-major
+as `[nb, B, h, dil, block, D]` (dil = the residue classes of a dilated band, see band.py). Query
+block n attends to key blocks n - left .. n + right, concatenated by static slices into a window
+of W = (left + right + 1) * block keys; a static `[block, W]` relative-position table applies the
+exact band and a per-key validity vector applies padding and global-key removal.
+
+Why a scan and a custom VJP: the score tensor of the whole sequence is (2R+1) times larger than
+the input, and on CPU every large fresh buffer costs page faults (a freshly allocated buffer is
+written at ~6 GB/s instead of ~50 GB/s). So the kernel walks over chunks of `chunk` query blocks
+whose scores stay in cache, keeps only the output and its log-sum-exp for the backward pass, and
+recomputes the scores there (the FlashAttention recipe). The forward pass and backward pass both
+use two einsums per chunk (four in the backward), with no gather: chunk operands are dynamic
+slices at the loop offset and key windows are static slices of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attention.dot_product import NEG_INF
+
+# Score elements per scan step: keeps the per-chunk score tensor (and its exp) in cache.
+CHUNK_SCORE_ELEMENTS = 1 << 19
+
+
+def choose_chunk(num_blocks: int, rows: int, block: int, width: int) -> int:
+  """Query blocks per scan step, so that one step's scores hold ~CHUNK_SCORE_ELEMENTS floats."""
+  per_block = max(1, rows * block * width)
+  return int(max(1, min(num_blocks, CHUNK_SCORE_ELEMENTS // per_block)))
+
+
+def _band_table(block: int, left: int, right: int, window: int, causal: bool) -> np.ndarray:
+  """Static `[block, W]` bool: query t of a block may see key column c of its window."""
+  rel = np.arange(block)[:, None] - (np.arange((left + right + 1) * block)[None, :] - left * block)
+  return (rel <= window) & (rel >= (0 if causal else -window))
+
+
+def _windows(x, chunk: int, spread: int, axis: int):
+  """`x` holds chunk + spread - 1 consecutive blocks along `axis` (block axis 0); returns, for each
+  of the first `chunk` blocks, the concatenation of it and the next spread - 1 blocks."""
+  parts = [jax.lax.slice_in_dim(x, o, o + chunk, axis=0) for o in range(spread)]
+  return jnp.concatenate(parts, axis=axis)
+
+
+def _fold_windows(x, chunk: int, spread: int, block: int):
+  """Transpose of `_windows` along the in-block axis 4: `[chunk, B, h, dil, spread*block, D]` ->
+  `[chunk + spread - 1, B, h, dil, block, D]`, summing the overlapping contributions."""
+  total = None
+  for o in range(spread):
+    part = jax.lax.slice_in_dim(x, o * block, (o + 1) * block, axis=4)
+    part = jnp.pad(part, [(o, spread - 1 - o)] + [(0, 0)] * (part.ndim - 1))
+    total = part if total is None else total + part
+  return total
+
+
+def _chunk_scores(qc, kc, okc, table, chunk: int, spread: int, scale: float):
+  """Logits and mask of one chunk. qc `[c, B, h, dil, block, D]`, kc `[c+s-1, B, h, dil, block,
+  D]`, okc `[c+s-1, B, dil, block]`. Returns kw, logits `[c, B, h, dil, block, W]`, allowed."""
+  kw = _windows(kc, chunk, spread, axis=4)                           # [c, B, h, dil, W, D]
+  okw = _windows(okc, chunk, spread, axis=3)                         # [c, B, dil, W]
+  logits = jnp.einsum("cbhrqd,cbhrkd->cbhrqk", qc, kw,
+                      preferred_element_type=jnp.float32) * scale
+  allowed = table & okw[:, :, None, :, None, :]                      # [c, B, 1, dil, block, W]
+  return kw, logits, allowed
+
+
+def _forward(q, k, v, ok, window, causal, left, right, chunk):
+  """q `[nbq, B, h, dil, block, D]` (nbq a multiple of chunk); k, v `[nbq + left + right, ...]`
+  (padded with `left` zero blocks before); ok `[nbq + left + right, B, dil, block]`."""
+  nbq, block, d = q.shape[0], q.shape[4], q.shape[5]
+  spread = left + right + 1
+  table = _band_table(block, left, right, window, causal)
+  scale = 1.0 / math.sqrt(d)
+  span = chunk + spread - 1
+
+  def step(_, j):
+    start = j * chunk
+    qc = jax.lax.dynamic_slice_in_dim(q, start, chunk, axis=0)
+    kc = jax.lax.dynamic_slice_in_dim(k, start, span, axis=0)
+    vc = jax.lax.dynamic_slice_in_dim(v, start, span, axis=0)
+    okc = jax.lax.dynamic_slice_in_dim(ok, start, span, axis=0)
+    _, logits, allowed = _chunk_scores(qc, kc, okc, table, chunk, spread, scale)
+    logits = jnp.where(allowed, logits, NEG_INF)
+    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    p = jnp.where(allowed, jnp.exp(logits - row_max), 0.0)
+    row_sum = jnp.sum(p, axis=-1)
+    vw = _windows(vc, chunk, spread, axis=4)
+    o = jnp.einsum("cbhrqk,cbhrkd->cbhrqd", p, vw)
+    has = row_sum > 0
+    safe = jnp.where(has, row_sum, 1.0)
+    o = o / safe[..., None]
+    lse = jnp.where(has, row_max[..., 0] + jnp.log(safe), NEG_INF)
+    return None, (o, lse)
+
+  _, (o, lse) = jax.lax.scan(step, None, jnp.arange(nbq // chunk))
+  o = o.reshape((nbq,) + o.shape[2:])
+  lse = lse.reshape((nbq,) + lse.shape[2:])
+  return o, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def band_blocks(q, k, v, ok, window, causal, left, right, chunk):
+  """Blocked band attention; returns (out `[nbq, B, h, dil, block, Dv]`, lse `[..., block]`).
+
+  Both in float32; rows with no allowed key have out 0 and lse NEG_INF.
+  """
+  return _forward(q, k, v, ok, window, causal, left, right, chunk)
+
+
+def _band_blocks_fwd(q, k, v, ok, window, causal, left, right, chunk):
+  o, lse = _forward(q, k, v, ok, window, causal, left, right, chunk)
+  return (o, lse), (q, k, v, ok, o, lse)
+
+
+def _band_blocks_bwd(window, causal, left, right, chunk, res, cts):
+  q, k, v, ok, o, lse = res
+  do, dlse = cts
+  nbq, block, d = q.shape[0], q.shape[4], q.shape[5]
+  spread = left + right + 1
+  span = chunk + spread - 1
+  table = _band_table(block, left, right, window, causal)
+  scale = 1.0 / math.sqrt(d)
+  # d(loss)/d(logit) = p * (dP - delta) with delta = rowsum(dO * O) - dlse.
+  delta = jnp.sum(do * o, axis=-1) - dlse                            # [nbq, B, h, dil, block]
+
+  def step(carry, j):
+    dk, dv = carry
+    start = j * chunk
+    qc = jax.lax.dynamic_slice_in_dim(q, start, chunk, axis=0)
+    kc = jax.lax.dynamic_slice_in_dim(k, start, span, axis=0)
+    vc = jax.lax.dynamic_slice_in_dim(v, start, span, axis=0)
+    okc = jax.lax.dynamic_slice_in_dim(ok, start, span, axis=0)
+    doc = jax.lax.dynamic_slice_in_dim(do, start, chunk, axis=0)
+    lc = jax.lax.dynamic_slice_in_dim(lse, start, chunk, axis=0)
+    dc = jax.lax.dynamic_slice_in_dim(delta, start, chunk, axis=0)
+    kw, logits, allowed = _chunk_scores(qc, kc, okc, table, chunk, spread, scale)
+    p = jnp.where(allowed, jnp.exp(logits - lc[..., None]), 0.0)
+    vw = _windows(vc, chunk, spread, axis=4)
+    dp = jnp.einsum("cbhrqd,cbhrkd->cbhrqk", doc, vw)
+    ds = p * (dp - dc[..., None]) * scale
+    dqc = jnp.einsum("cbhrqk,cbhrkd->cbhrqd", ds, kw)
+    dkw = jnp.einsum("cbhrqk,cbhrqd->cbhrkd", ds, qc)
+    dvw = jnp.einsum("cbhrqk,cbhrqd->cbhrkd", p, doc)
+    dk_c = jax.lax.dynamic_slice_in_dim(dk, start, span, axis=0)
+    dv_c = jax.lax.dynamic_slice_in_dim(dv, start, span, axis=0)
+    dk = jax.lax.dynamic_update_slice_in_dim(
+        dk, dk_c + _fold_windows(dkw, chunk, spread, block), start, axis=0)
+    dv = jax.lax.dynamic_update_slice_in_dim(
+        dv, dv_c + _fold_windows(dvw, chunk, spread, block), start, axis=0)
+    return (dk, dv), dqc
+
+  init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+  (dk, dv), dq = jax.lax.scan(step, init, jnp.arange(nbq // chunk))
+  dq = dq.reshape(q.shape)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+band_blocks.defvjp(_band_blocks_fwd, _band_blocks_bwd)
