@@ -100,7 +100,7 @@ def build_config(task: str, *, attention: str | None = None, size: str | None = 
 
 def default_workdir(task: str, config: ml_collections.ConfigDict) -> str:
   arg = dict(p.split("=", 1) for p in config.config_arg.split(","))
-  return os.path.join("runs", f"{task}-{arg['attention']}-{arg['size']}")
+  return os.path.join("workdirs", f"{task}-{arg['attention']}-{arg['size']}")
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -128,7 +128,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--size", default=None, help="base (LRA settings) or small (CPU)")
   parser.add_argument("--arg", default="", help="more get_config arguments, e.g. window=8")
   parser.add_argument("--workdir", default=None,
-                      help="run directory (default runs/TASK-ATTENTION-SIZE); rerunning in "
+                      help="run directory (default workdirs/TASK-ATTENTION-SIZE); rerunning in "
                            "it resumes")
 
 

@@ -1,0 +1,68 @@
+"""Tests for configs/: every attention kind and size builds, arguments are checked, the sweep
+covers every kind, and the docstring gives the command."""
+
+import ml_collections
+import pytest
+
+import attention
+from configs import common, listops
+
+
+@pytest.mark.parametrize("size", ["base", "small"])
+@pytest.mark.parametrize("kind", sorted(attention.REGISTRY))
+def test_every_kind_and_size_builds(kind, size):
+  c = listops.get_config(f"attention={kind},size={size}")
+  assert isinstance(c, ml_collections.ConfigDict)
+  assert c.model.attention.kind == kind and c.task == "listops"
+  assert c.data.max_length > 0 and c.batch_size % 8 == 0 and c.eval_batch_size % 8 == 0
+  assert c.model.qkv_dim % c.model.num_heads == 0
+  c.to_json_best_effort()  # the trainer saves it
+
+
+def test_base_is_the_lra_setting():
+  c = listops.get_config("size=base")
+  assert (c.data.max_length, c.model.num_layers, c.model.emb_dim, c.model.num_heads) == \
+      (2000, 4, 512, 8)
+  assert (c.model.mlp_dim, c.batch_size, c.num_train_steps) == (1024, 32, 5000)
+  assert (c.learning_rate, c.schedule, c.warmup_steps, c.weight_decay) == \
+      (0.05, "rsqrt", 1000, 0.1)
+
+
+def test_small_is_sized_for_a_cpu():
+  small, base = listops.get_config("size=small"), listops.get_config("size=base")
+  assert small.data.max_length < base.data.max_length
+  assert small.data.gen_max_length <= small.data.max_length + 1
+  assert small.model.emb_dim < base.model.emb_dim
+
+
+def test_window_argument_reaches_band():
+  assert listops.get_config("attention=band,window=7").model.attention.window == 7
+
+
+def test_bad_arguments_list_the_valid_ones():
+  with pytest.raises(ValueError, match="valid names: .*dot_product"):
+    listops.get_config("attention=flash")
+  with pytest.raises(ValueError, match="valid sizes: base, small"):
+    listops.get_config("size=huge")
+  with pytest.raises(ValueError, match="valid arguments: attention, size, window"):
+    listops.get_config("layers=3")
+
+
+def test_parse_arg_types():
+  a = common.parse_arg("n=3,x=0.5,flag=false,name=abc", n=1, x=1.0, flag=True, name="")
+  assert (a.n, a.x, a.flag, a.name) == (3, 0.5, False, "abc")
+  with pytest.raises(ValueError):
+    common.parse_arg("n=three", n=1)
+
+
+def test_sweep_adds_every_kind():
+  runs = []
+  listops.sweep(lambda **kw: runs.append(kw))
+  kinds = {r["config_arg"].split(",")[0].split("=")[1] for r in runs}
+  assert kinds == set(attention.REGISTRY)
+  assert len(runs) == 3 * len(attention.REGISTRY)
+
+
+def test_docstring_gives_the_command_and_expected_result():
+  doc = listops.__doc__
+  assert "lra run listops" in doc and "accuracy" in doc
