@@ -24,7 +24,6 @@ semantics are those of `dot_product_attention` with `masks.block_layout_mask(lay
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 
 import jax
@@ -32,9 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention import validation
+from attention.block_sparse_plan import make_plan
 from attention.dot_product import NEG_INF
-
-MAX_BUCKETS = 4  # most row buckets per layout; each adds one einsum to the graph
 
 
 # --- Static selection along an axis: slices, broadcasts and concatenates, never a gather. ---
@@ -122,224 +120,176 @@ def static_take(x, idx, axis: int):
   return _static_take_vjp(x, idx, axis, x.shape[axis])
 
 
-# --- The plan: everything about a layout that is known before tracing. ---
+# --- The softmax core on assembled blocks: a scan over row chunks, flash-style backward. ---
 
-class _Static:
-  """Hashable-by-key holder of static (numpy) data, usable as a jit static argument."""
-
-  def __init__(self, key, **fields):
-    self._key = key
-    self.__dict__.update(fields)
-
-  def __hash__(self):
-    return hash(self._key)
-
-  def __eq__(self, other):
-    return isinstance(other, _Static) and self._key == other._key
+# Score elements per scan step: one step's scores (and their exp) stay in cache. On CPU every
+# large fresh buffer costs page faults, so the full score tensor is never materialised.
+CHUNK_SCORE_ELEMENTS = 1 << 19
 
 
-def _digest(*parts) -> str:
-  h = hashlib.sha1()
-  for p in parts:
-    h.update(np.ascontiguousarray(p).tobytes() if isinstance(p, np.ndarray) else repr(p).encode())
-    h.update(b"|")
-  return h.hexdigest()
-
-
-def _bucket_rows(counts: np.ndarray, max_buckets: int) -> list[list[int]]:
-  """Splits the non-empty rows, sorted by block count, into <= max_buckets groups.
-
-  Minimises the padded work sum(len(group) * max count in group) by dynamic programming, and
-  uses the fewest buckets within 3% of the best.
-  """
-  rows = [int(n) for n in np.argsort(counts, kind="stable") if counts[n] > 0]
-  if not rows:
-    return []
-  c = [int(counts[n]) for n in rows]
-  n = len(rows)
-  inf = float("inf")
-  best = [[inf] * (n + 1) for _ in range(max_buckets + 1)]
-  cut = [[0] * (n + 1) for _ in range(max_buckets + 1)]
-  best[0][0] = 0.0
-  for g in range(1, max_buckets + 1):
-    for end in range(1, n + 1):
-      for start in range(end):
-        cost = best[g - 1][start] + (end - start) * c[end - 1]
-        if cost < best[g][end]:
-          best[g][end], cut[g][end] = cost, start
-  floor = min(best[g][n] for g in range(1, max_buckets + 1))
-  groups = next(g for g in range(1, max_buckets + 1) if best[g][n] <= 1.03 * floor)
-  bounds, end = [], n
-  for g in range(groups, 0, -1):
-    start = cut[g][end]
-    bounds.append((start, end))
-    end = start
-  return [sorted(rows[a:b]) for a, b in reversed(bounds)]
-
-
-def make_plan(layout, *, q_block: int, k_block: int, causal: bool = False, q_pos=None,
-              k_pos=None, pair=None, max_buckets: int = MAX_BUCKETS):
-  """Plans block-sparse attention for a static layout `[nqb, nkb]` or `[H, nqb, nkb]`.
-
-  `q_pos`/`k_pos` are the token positions of the blocked query and key sequences (default:
-  0, 1, ...); `causal` and `pair` (a hashable callable `(qpos, kpos) -> bool`) act on them.
-  """
-  layout = np.asarray(layout, bool)
-  if layout.ndim == 2:
-    layout = layout[None]
-  if layout.shape[0] > 1 and (layout == layout[:1]).all():
-    layout = layout[:1]
-  hl, nqb, nkb = layout.shape
-  q_pos = np.arange(nqb * q_block) if q_pos is None else np.asarray(q_pos)
-  k_pos = np.arange(nkb * k_block) if k_pos is None else np.asarray(k_pos)
-  key = _digest(layout, q_block, k_block, causal, q_pos, k_pos, pair, max_buckets)
-  return _make_plan_cached(key, layout, q_block, k_block, causal, q_pos, k_pos, pair,
-                           max_buckets)
-
-
-_PLANS: dict = {}
-
-
-def _make_plan_cached(key, layout, q_block, k_block, causal, q_pos, k_pos, pair, max_buckets):
-  if key in _PLANS:
-    return _PLANS[key]
-  hl, nqb, nkb = layout.shape
-  qpos_b = q_pos.reshape(nqb, q_block).astype(np.int32)
-  kpos_b = k_pos.reshape(nkb, k_block).astype(np.int32)
-  lists = [[np.flatnonzero(layout[h, n]) for n in range(nqb)] for h in range(hl)]
-  counts = np.array([max(len(lists[h][n]) for h in range(hl)) for n in range(nqb)])
-  buckets = []
-  for rows in _bucket_rows(counts, max_buckets):
-    r, k = len(rows), int(counts[rows].max())
-    idx = np.zeros((hl, r, k), np.int64)
-    slot_ok = np.zeros((hl, r, k), bool)
-    for h in range(hl):
-      for i, n in enumerate(rows):
-        blocks = lists[h][n]
-        fill = blocks[-1] if len(blocks) else 0
-        idx[h, i] = np.concatenate([blocks, np.full(k - len(blocks), fill)])
-        slot_ok[h, i, :len(blocks)] = True
-    kpos = kpos_b[idx].reshape(hl, r, k * k_block)                       # [Hl, R, K*bk]
-    buckets.append(_Static(
-        (key, len(buckets)), rows=tuple(rows), idx=idx, num_slots=k,
-        slot_ok=np.repeat(slot_ok, k_block, axis=-1)[:, :, None, :],       # [Hl, R, 1, K*bk]
-        qpos=qpos_b[list(rows)][None, :, :, None],                        # [1, R, bq, 1]
-        kpos=kpos[:, :, None, :],                                          # [Hl, R, 1, K*bk]
-        all_slots=bool(slot_ok.all()), causal=causal, pair=pair))
-  order = [n for b in buckets for n in b.rows]
-  empty = [n for n in range(nqb) if counts[n] == 0]
-  position = {n: i for i, n in enumerate(order)}
-  unpermute = tuple(position.get(n, len(order)) for n in range(nqb))     # filler at the end
-  plan = _Static(key, layout=layout, num_heads=hl, nqb=nqb, nkb=nkb, q_block=q_block,
-                 k_block=k_block, buckets=tuple(buckets), has_empty=bool(empty),
-                 unpermute=unpermute, num_blocks=int(layout.sum()))
-  _PLANS[key] = plan
-  return plan
-
-
-# --- The softmax core on assembled blocks, with a flash-style backward pass. ---
-
-def _allowed(spec, key_ok):
-  """Fine mask `[B|1, Hl|1, R, bq, K*bk]`: slot, key validity, causal and pair rules."""
-  allowed = key_ok if spec.all_slots else key_ok & spec.slot_ok
-  if spec.causal:
-    allowed = allowed & (spec.qpos >= spec.kpos)
-  if spec.pair is not None:
-    allowed = allowed & spec.pair(spec.qpos, spec.kpos)
+def _chunk_mask(spec, ok, start, chunk: int):
+  """Fine mask `[c, B|1, Hx, bq|1, K*bk]` of rows start .. start + chunk of a bucket."""
+  allowed = jax.lax.dynamic_slice_in_dim(ok, start, chunk, axis=0)       # [c, B, Hx, 1, K*bk]
+  if spec.causal or spec.pair is not None:
+    qpos = jax.lax.dynamic_slice_in_dim(jnp.asarray(spec.qpos), start, chunk, axis=0)
+    kpos = jax.lax.dynamic_slice_in_dim(jnp.asarray(spec.kpos), start, chunk, axis=0)
+    if spec.causal:
+      allowed = allowed & (qpos >= kpos)
+    if spec.pair is not None:
+      allowed = allowed & spec.pair(qpos, kpos)
   return allowed
 
 
-def _scores(qw, kw):
-  scale = 1.0 / math.sqrt(qw.shape[-1])
-  return jnp.einsum("bhrqd,bhrkd->bhrqk", qw, kw, preferred_element_type=jnp.float32) * scale
+def _scores(qc, kc):
+  scale = 1.0 / math.sqrt(qc.shape[-1])
+  return jnp.einsum("cbhqd,cbhkd->cbhqk", qc, kc, preferred_element_type=jnp.float32) * scale
+
+
+def _slice_rows(start, chunk, *xs):
+  return [jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=0) for x in xs]
+
+
+def _forward(spec, qw, kw, vw, ok):
+  rows, chunk = qw.shape[0], spec.chunk
+
+  def step(_, j):
+    start = j * chunk
+    qc, kc, vc = _slice_rows(start, chunk, qw, kw, vw)
+    allowed = _chunk_mask(spec, ok, start, chunk)
+    s = jnp.where(allowed, _scores(qc, kc), NEG_INF)                     # [c, B, H, bq, K*bk]
+    row_max = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.where(allowed, jnp.exp(s - row_max), 0.0)
+    row_sum = jnp.sum(p, axis=-1, keepdims=True)
+    has = row_sum > 0
+    o = jnp.einsum("cbhqk,cbhkd->cbhqd", p, vc, preferred_element_type=jnp.float32)
+    o = o / jnp.where(has, row_sum, 1.0)
+    lse = jnp.where(has, row_max + jnp.log(jnp.where(has, row_sum, 1.0)), NEG_INF)[..., 0]
+    return None, (o, lse)
+
+  _, (o, lse) = jax.lax.scan(step, None, jnp.arange(rows // chunk))
+  return o.reshape((rows,) + o.shape[2:]), lse.reshape((rows,) + lse.shape[2:])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(spec, qw, kw, vw, key_ok):
-  return _attend_fwd(spec, qw, kw, vw, key_ok)[0]
+def _attend(spec, qw, kw, vw, ok):
+  """Softmax attention of assembled rows: qw `[R, B, H, bq, D]`, kw/vw `[R, B, H, K*bk, .]`,
+  ok bool `[R, B, Hx, 1, K*bk]`. Returns (out `[R, B, H, bq, Dv]`, lse `[R, B, H, bq]`), f32."""
+  return _forward(spec, qw, kw, vw, ok)
 
 
-def _attend_fwd(spec, qw, kw, vw, key_ok):
-  allowed = _allowed(spec, key_ok)
-  s = jnp.where(allowed, _scores(qw, kw), NEG_INF)                 # [B, H, R, bq, K*bk]
-  row_max = jnp.max(s, axis=-1, keepdims=True)
-  p = jnp.where(allowed, jnp.exp(s - row_max), 0.0)
-  row_sum = jnp.sum(p, axis=-1, keepdims=True)
-  has = row_sum > 0
-  o = jnp.einsum("bhrqk,bhrkd->bhrqd", p, vw, preferred_element_type=jnp.float32)
-  o = o / jnp.where(has, row_sum, 1.0)                              # [B, H, R, bq, Dv]
-  lse = jnp.where(has, row_max + jnp.log(jnp.where(has, row_sum, 1.0)), NEG_INF)[..., 0]
-  return (o, lse), (qw, kw, vw, key_ok, o, lse)
+def _attend_fwd(spec, qw, kw, vw, ok):
+  o, lse = _forward(spec, qw, kw, vw, ok)
+  return (o, lse), (qw, kw, vw, ok, o, lse)
 
 
 def _attend_bwd(spec, res, cts):
-  qw, kw, vw, key_ok, o, lse = res
+  qw, kw, vw, ok, o, lse = res
   do, dlse = cts
-  allowed = _allowed(spec, key_ok)
-  has = lse > 0.5 * NEG_INF
-  safe_lse = jnp.where(has, lse, 0.0)[..., None]
-  p = jnp.where(allowed, jnp.exp(_scores(qw, kw) - safe_lse), 0.0)    # normalised probabilities
+  rows, chunk = qw.shape[0], spec.chunk
+  scale = 1.0 / math.sqrt(qw.shape[-1])
   do = do.astype(jnp.float32)
-  dv = jnp.einsum("bhrqk,bhrqd->bhrkd", p, do, preferred_element_type=jnp.float32)
-  dp = jnp.einsum("bhrqd,bhrkd->bhrqk", do, vw, preferred_element_type=jnp.float32)
-  delta = jnp.sum(do * o, axis=-1, keepdims=True) - dlse[..., None]
-  ds = p * (dp - delta) * (1.0 / math.sqrt(qw.shape[-1]))
-  dq = jnp.einsum("bhrqk,bhrkd->bhrqd", ds, kw, preferred_element_type=jnp.float32)
-  dk = jnp.einsum("bhrqk,bhrqd->bhrkd", ds, qw, preferred_element_type=jnp.float32)
-  return (dq.astype(qw.dtype), dk.astype(kw.dtype), dv.astype(vw.dtype),
-          np.zeros(key_ok.shape, jax.dtypes.float0))
+  # d(loss)/d(logit) = p * (dP - delta), delta = rowsum(dO * O) - dlse.
+  delta = jnp.sum(do * o, axis=-1) - dlse                               # [R, B, H, bq]
+  safe_lse = jnp.where(lse > 0.5 * NEG_INF, lse, 0.0)
+
+  def step(_, j):
+    start = j * chunk
+    qc, kc, vc, doc, lc, dc = _slice_rows(start, chunk, qw, kw, vw, do, safe_lse, delta)
+    allowed = _chunk_mask(spec, ok, start, chunk)
+    p = jnp.where(allowed, jnp.exp(_scores(qc, kc) - lc[..., None]), 0.0)
+    dp = jnp.einsum("cbhqd,cbhkd->cbhqk", doc, vc, preferred_element_type=jnp.float32)
+    ds = p * (dp - dc[..., None]) * scale
+    dq = jnp.einsum("cbhqk,cbhkd->cbhqd", ds, kc, preferred_element_type=jnp.float32)
+    dk = jnp.einsum("cbhqk,cbhqd->cbhkd", ds, qc, preferred_element_type=jnp.float32)
+    dv = jnp.einsum("cbhqk,cbhqd->cbhkd", p, doc, preferred_element_type=jnp.float32)
+    return None, (dq.astype(qw.dtype), dk.astype(kw.dtype), dv.astype(vw.dtype))
+
+  _, grads = jax.lax.scan(step, None, jnp.arange(rows // chunk))
+  dq, dk, dv = (g.reshape((rows,) + g.shape[2:]) for g in grads)
+  return dq, dk, dv, None
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
+def _assemble(xb, spec, heads: int):
+  """Key blocks of every row of a bucket: `[nkb, B, Hx, bk, E]` -> `[R, B, heads, K * bk, E]`.
+
+  Shift slots are static slices, constant slots broadcasts, the rest one one-hot matmul.
+  """
+  _, b_, hx, bk, e = xb.shape
+  r = len(spec.rows)
+  parts = []
+  for slot in spec.slots:
+    if slot[0] == "shift":
+      part = static_take(xb, slot[2], 0)                                 # [R, B, Hx, bk, E]
+    else:
+      part = jax.lax.slice_in_dim(xb, slot[1], slot[1] + 1, axis=0)
+    parts.append(jnp.broadcast_to(part, (r, b_, heads, bk, e))[:, :, :, None])
+  if spec.onehot is not None:
+    onehot = jnp.asarray(spec.onehot, xb.dtype)                          # [Hl, R, J, nkb]
+    if onehot.shape[0] == 1:
+      part = jnp.einsum("rjm,mbhte->rbhjte", onehot[0], xb, preferred_element_type=xb.dtype)
+    elif hx == 1:
+      part = jnp.einsum("hrjm,mbte->rbhjte", onehot, xb[:, :, 0],
+                        preferred_element_type=xb.dtype)
+    else:
+      part = jnp.einsum("hrjm,mbhte->rbhjte", onehot, xb, preferred_element_type=xb.dtype)
+    parts.append(jnp.broadcast_to(part, (r, b_, heads) + part.shape[3:]))
+  out = jnp.concatenate(parts, axis=3) if len(parts) > 1 else parts[0]   # [R, B, heads, K, bk, E]
+  return out.reshape(r, b_, heads, spec.num_slots * bk, e)
+
+
+def _pad_rows(x, rows: int):
+  return x if x.shape[0] == rows else jnp.pad(x, [(0, rows - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+
+
 def sparse_core(q, k, v, key_ok, plan):
-  """Block-sparse attention on padded, head-major arrays, returning the softmax statistics.
+  """Block-sparse attention on padded arrays, returning the softmax statistics.
 
   Args:
-    q: `[B, H, nqb * q_block, D]`; k: `[B, H, nkb * k_block, D]`; v: `[B, H, nkb * k_block, Dv]`.
-    key_ok: bool `[B, nkb * k_block]` or `[B, H, nkb * k_block]`, keys that may be attended.
-    plan: from `make_plan`.
+    q: `[B, nqb * q_block, H, D]`; k: `[B, nkb * k_block, H, D]`; v: `[B, nkb * k_block, H, Dv]`.
+    key_ok: bool `[B, nkb * k_block]` or `[B, nkb * k_block, H]`, keys that may be attended.
+    plan: from `attention.block_sparse_plan.make_plan`.
 
   Returns:
-    out `[B, H, nqb * q_block, Dv]` float32, normalised, 0 for a query with no key; lse
-    `[B, H, nqb * q_block]` float32, NEG_INF for a query with no key.
+    out `[B, nqb * q_block, H, Dv]` float32, normalised, 0 for a query with no key; lse
+    `[B, nqb * q_block, H]` float32, NEG_INF for a query with no key.
   """
-  b_, h, _, d = q.shape
+  b_, _, h, d = q.shape
   dv = v.shape[-1]
-  bq, bk, nqb, nkb, hl = plan.q_block, plan.k_block, plan.nqb, plan.nkb, plan.num_heads
-  qb = q.reshape(b_, h, nqb, bq, d)
-  kb = k.reshape(b_, h * nkb, bk, d) if hl > 1 else k.reshape(b_, h, nkb, bk, d)
-  vb = v.reshape(b_, h * nkb, bk, dv) if hl > 1 else v.reshape(b_, h, nkb, bk, dv)
-  hk = 1 if key_ok.ndim == 2 else h
-  okb = key_ok.reshape(b_, hk * nkb, bk)
+  bq, bk, nqb, nkb = plan.q_block, plan.k_block, plan.nqb, plan.nkb
+
+  def block_major(x, nb, blk):  # [B, nb*blk, H', E] -> [nb, B, H', blk, E]
+    return x.reshape(b_, nb, blk, x.shape[2], x.shape[3]).transpose(1, 0, 3, 2, 4)
+
+  qb, kb, vb = block_major(q, nqb, bq), block_major(k, nkb, bk), block_major(v, nkb, bk)
+  ok = key_ok if key_ok.ndim == 3 else key_ok[:, :, None]
+  okb = block_major(ok[..., None].astype(jnp.float32), nkb, bk)         # [nkb, B, 1|H, bk, 1]
+  ok_heads = max(plan.num_heads, okb.shape[2])
   outs, lses = [], []
   for spec in plan.buckets:
-    r, kk = len(spec.rows), spec.num_slots
-    qw = static_take(qb, spec.rows, 2)                                 # [B, H, R, bq, D]
-    if hl > 1:                                                         # per-head key lists
-      flat = (spec.idx + nkb * np.arange(h)[:, None, None]).reshape(-1)
-      kw = static_take(kb, flat, 1).reshape(b_, h, r, kk * bk, d)
-      vw = static_take(vb, flat, 1).reshape(b_, h, r, kk * bk, dv)
-    else:
-      flat = spec.idx.reshape(-1)
-      kw = static_take(kb, flat, 2).reshape(b_, h, r, kk * bk, d)
-      vw = static_take(vb, flat, 2).reshape(b_, h, r, kk * bk, dv)
-    heads = max(hl, hk)
-    ok_idx = np.broadcast_to(spec.idx, (heads,) + spec.idx.shape[1:])
-    if hk > 1:
-      ok_idx = ok_idx + nkb * np.arange(h)[:, None, None]
-    ok = static_take(okb, ok_idx.reshape(-1), 1).reshape(b_, heads, r, 1, kk * bk)
-    o, lse = _attend(spec, qw, kw, vw, ok)
-    outs.append(o)
-    lses.append(lse)
+    r = len(spec.rows)
+    rows = -(-r // spec.chunk) * spec.chunk
+    qw = static_take(qb, spec.rows, 0)                                   # [R, B, H, bq, D]
+    kw = _assemble(kb, spec, h)                                          # [R, B, H, K*bk, D]
+    vw = _assemble(vb, spec, h)
+    okw = _assemble(okb, spec, ok_heads)[..., 0] > 0.5                   # [R, B, Hx, K*bk]
+    if not spec.all_slots:
+      okw = okw & jnp.asarray(spec.slot_ok)[:, None]                    # [R, 1, Hl, K*bk]
+    okw = _pad_rows(okw[:, :, :, None, :], rows)
+    o, lse = _attend(spec, _pad_rows(qw, rows), _pad_rows(kw, rows), _pad_rows(vw, rows), okw)
+    outs.append(o[:r])
+    lses.append(lse[:r])
   if plan.has_empty:
-    outs.append(jnp.zeros((b_, h, 1, bq, dv), jnp.float32))
-    lses.append(jnp.full((b_, h, 1, bq), NEG_INF, jnp.float32))
-  out = jnp.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
-  lse = jnp.concatenate(lses, axis=2) if len(lses) > 1 else lses[0]
-  out = static_take(out, plan.unpermute, 2).reshape(b_, h, nqb * bq, dv)
-  lse = static_take(lse, plan.unpermute, 2).reshape(b_, h, nqb * bq)
+    outs.append(jnp.zeros((1, b_, h, bq, dv), jnp.float32))
+    lses.append(jnp.full((1, b_, h, bq), NEG_INF, jnp.float32))
+  out = jnp.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
+  lse = jnp.concatenate(lses, axis=0) if len(lses) > 1 else lses[0]
+  out = static_take(out, plan.unpermute, 0)                              # [nqb, B, H, bq, Dv]
+  lse = static_take(lse, plan.unpermute, 0)                              # [nqb, B, H, bq]
+  out = out.transpose(1, 0, 3, 2, 4).reshape(b_, nqb * bq, h, dv)
+  lse = lse.transpose(1, 0, 3, 2).reshape(b_, nqb * bq, h)
   return out, lse
 
 
@@ -347,7 +297,7 @@ def merge_parts(parts):
   """Combines normalised partial results [(out, lse), ...] over disjoint key sets."""
   if len(parts) == 1:
     return parts[0]
-  lses = jnp.stack([lse for _, lse in parts])                          # [P, B, H, L]
+  lses = jnp.stack([lse for _, lse in parts])                          # [P, B, L, H]
   total = jax.lax.stop_gradient(jnp.max(lses, axis=0))
   weights = jnp.exp(lses - total)
   norm = jnp.sum(weights, axis=0)
@@ -400,19 +350,21 @@ def block_sparse_attention(q, k, v, *, layout, block_size: int, causal: bool = F
   nb = -(-length // block_size)
   layout = check_layout(layout, num_blocks=nb, num_heads=h, length=length,
                         block_size=block_size)
-  plan = make_plan(layout, q_block=int(block_size), k_block=int(block_size), causal=causal)
+  plan = make_plan(layout, q_block=int(block_size), k_block=int(block_size), causal=causal,
+                   batch_heads=b_ * h)
   return _block_sparse(q, k, v, key_mask, plan=plan)
 
 
-def to_blocked(x, padded: int):
-  """`[B, L, H, D]` -> head-major `[B, H, padded, D]`, zero padded at the end."""
-  x = jnp.pad(x, ((0, 0), (0, padded - x.shape[1]), (0, 0), (0, 0)))
-  return x.transpose(0, 2, 1, 3)
+def pad_tokens(x, padded: int):
+  """Zero-pads axis 1 (tokens) of `x` to `padded`."""
+  pad = [(0, 0)] * x.ndim
+  pad[1] = (0, padded - x.shape[1])
+  return jnp.pad(x, pad)
 
 
 def finish(out, real, length: int, dtype):
-  """Head-major `[B, H, >=L, Dv]` float32 -> `[B, L, H, Dv]`, padded queries set to 0."""
-  out = out[:, :, :length].transpose(0, 2, 1, 3)
+  """`[B, >=L, H, Dv]` float32 -> `[B, L, H, Dv]` in `dtype`, padded queries set to 0."""
+  out = out[:, :length]
   if real is not None:
     out = jnp.where(real[:, :, None, None], out, 0.0)
   return out.astype(dtype)
@@ -422,9 +374,7 @@ def finish(out, real, length: int, dtype):
 def _block_sparse(q, k, v, key_mask, *, plan):
   b_, length = q.shape[:2]
   padded = plan.nqb * plan.q_block
-  real = None if key_mask is None else key_mask
   key_ok = jnp.ones((b_, length), bool) if key_mask is None else key_mask
-  key_ok = jnp.pad(key_ok, ((0, 0), (0, padded - length)))
-  out, _ = sparse_core(to_blocked(q, padded), to_blocked(k, padded), to_blocked(v, padded),
-                       key_ok, plan)
-  return finish(out, real, length, q.dtype)
+  out, _ = sparse_core(pad_tokens(q, padded), pad_tokens(k, padded), pad_tokens(v, padded),
+                       pad_tokens(key_ok, padded), plan)
+  return finish(out, key_mask, length, q.dtype)

@@ -1,0 +1,203 @@
+"""Static planning for block-sparse attention: which key blocks each query block reads, and how.
+
+Everything here runs in numpy before tracing, once per layout (plans are cached by content):
+
+  1. Rows (query blocks) are grouped into at most `MAX_BUCKETS` buckets of similar block count,
+     so a causal layout (rows of 1 .. nkb blocks) is not padded to its longest row everywhere.
+  2. Inside a bucket, each row's key blocks are assigned to K slots. A slot is either
+       * a shift `d`: every row n reads block n + d (a band diagonal) - one static slice;
+       * a constant `m`: every row reads block m (a global block) - one broadcast;
+       * a one-hot slot: rows read unrelated blocks (BigBird's random blocks) - one matmul with
+         a static one-hot `[rows, slots, nkb]` matrix.
+     Shifts and constants are chosen greedily while they serve at least half of the
+     (head, row) pairs; rows they do not serve have that slot masked out.
+  3. Static token positions of every query row and key slot feed the causal rule and the
+     optional token-level predicate of the pattern fronts.
+
+So the assembled keys cost a few slices per bucket, plus, for irregular blocks only, a one-hot
+matmul of `rows * slots * nkb * block * head_dim` multiply-adds.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+
+import numpy as np
+
+MAX_BUCKETS = 4          # most row buckets per layout; each adds one scan to the graph
+CHUNK_SCORE_ELEMENTS = 1 << 19  # score elements per scan step, so that they stay in cache
+STRUCTURED_SHARE = 0.5   # a shift/constant slot must serve this share of (head, row) pairs
+
+
+class Static:
+  """Hashable-by-key holder of static (numpy) data, usable as a jit static argument."""
+
+  def __init__(self, key, **fields):
+    self._key = key
+    self.__dict__.update(fields)
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __eq__(self, other):
+    return isinstance(other, Static) and self._key == other._key
+
+
+def digest(*parts) -> str:
+  """A content hash of numpy arrays and reprs, used as plan identity."""
+  h = hashlib.sha1()
+  for p in parts:
+    h.update(np.ascontiguousarray(p).tobytes() if isinstance(p, np.ndarray) else repr(p).encode())
+    h.update(b"|")
+  return h.hexdigest()
+
+
+def bucket_rows(counts: np.ndarray, max_buckets: int = MAX_BUCKETS) -> list[list[int]]:
+  """Splits the non-empty rows, sorted by block count, into <= max_buckets groups.
+
+  Minimises the padded work sum(len(group) * max count in group) by dynamic programming, and
+  uses the fewest buckets within 3% of the best.
+  """
+  rows = [int(n) for n in np.argsort(counts, kind="stable") if counts[n] > 0]
+  if not rows:
+    return []
+  c = [int(counts[n]) for n in rows]
+  n = len(rows)
+  inf = float("inf")
+  best = [[inf] * (n + 1) for _ in range(max_buckets + 1)]
+  cut = [[0] * (n + 1) for _ in range(max_buckets + 1)]
+  best[0][0] = 0.0
+  for g in range(1, max_buckets + 1):
+    for end in range(1, n + 1):
+      for start in range(end):
+        cost = best[g - 1][start] + (end - start) * c[end - 1]
+        if cost < best[g][end]:
+          best[g][end], cut[g][end] = cost, start
+  floor = min(best[g][n] for g in range(1, max_buckets + 1))
+  groups = next(g for g in range(1, max_buckets + 1) if best[g][n] <= 1.03 * floor)
+  bounds, end = [], n
+  for g in range(groups, 0, -1):
+    start = cut[g][end]
+    bounds.append((start, end))
+    end = start
+  return [sorted(rows[a:b]) for a, b in reversed(bounds)]
+
+
+def assign_slots(sets, rows, num_key_blocks: int):
+  """Assigns the key blocks of a bucket to shift, constant and one-hot slots.
+
+  Args:
+    sets: `sets[h][i]`, the set of key blocks of head h and row `rows[i]`.
+    rows: the query blocks of the bucket.
+    num_key_blocks: nkb.
+
+  Returns:
+    (slots, onehot, idx, ok): `slots` a tuple of ("shift", d, take_indices) / ("const", m);
+    `onehot` float32 `[Hl, R, J, nkb]` or None; `idx` int `[Hl, R, K]`, the key block read by
+    every slot (K = len(slots) + J); `ok` bool `[Hl, R, K]`, whether that block is in the layout.
+  """
+  hl, r = len(sets), len(rows)
+  left = [[set(s) for s in head] for head in sets]
+  rows_arr = np.asarray(rows)
+  slots, cols, oks = [], [], []
+  while True:
+    shift, const = collections.Counter(), collections.Counter()
+    for h in range(hl):
+      for i, n in enumerate(rows):
+        for m in left[h][i]:
+          shift[m - n] += 1
+          const[m] += 1
+    if not shift:
+      break
+    (d, n_shift), = shift.most_common(1)
+    (m, n_const), = const.most_common(1)
+    if max(n_shift, n_const) < STRUCTURED_SHARE * hl * r:
+      break
+    if n_shift >= n_const:
+      col = np.clip(rows_arr + d, 0, num_key_blocks - 1)
+      slots.append(("shift", int(d), tuple(int(c) for c in col)))
+    else:
+      col = np.full(r, m)
+      slots.append(("const", int(m)))
+    want = rows_arr + d if n_shift >= n_const else col                   # [R], may leave 0..nkb
+    ok = np.zeros((hl, r), bool)
+    for h in range(hl):
+      for i in range(r):
+        ok[h, i] = int(want[i]) in left[h][i]
+        if ok[h, i]:
+          left[h][i].discard(int(want[i]))
+    cols.append(np.broadcast_to(col, (hl, r)))
+    oks.append(ok)
+  extra = max(len(s) for head in left for s in head)
+  onehot = None
+  if extra:
+    onehot = np.zeros((hl, r, extra, num_key_blocks), np.float32)
+    col = np.zeros((hl, r, extra), np.int64)
+    ok = np.zeros((hl, r, extra), bool)
+    for h in range(hl):
+      for i in range(r):
+        for j, m in enumerate(sorted(left[h][i])):
+          onehot[h, i, j, m] = 1.0
+          col[h, i, j], ok[h, i, j] = m, True
+    cols.extend(np.moveaxis(col, 2, 0))
+    oks.extend(np.moveaxis(ok, 2, 0))
+  idx = np.stack(cols, axis=-1)                                           # [Hl, R, K]
+  return tuple(slots), onehot, idx, np.stack(oks, axis=-1)
+
+
+_PLANS: dict = {}
+
+
+def make_plan(layout, *, q_block: int, k_block: int, causal: bool = False, q_pos=None,
+              k_pos=None, pair=None, batch_heads: int = 1, max_buckets: int = MAX_BUCKETS):
+  """Plans block-sparse attention for a static layout `[nqb, nkb]` or `[H, nqb, nkb]`.
+
+  `q_pos`/`k_pos` are the token positions of the blocked query and key sequences (default:
+  0, 1, ...); `causal` (query position >= key position) and `pair` (a hashable callable
+  `(qpos, kpos) -> bool` on broadcastable int arrays) act on them. `batch_heads` (batch size
+  times heads) sets how many rows one scan step handles.
+  """
+  layout = np.asarray(layout, bool)
+  if layout.ndim == 2:
+    layout = layout[None]
+  if layout.shape[0] > 1 and (layout == layout[:1]).all():
+    layout = layout[:1]
+  hl, nqb, nkb = layout.shape
+  q_pos = np.arange(nqb * q_block) if q_pos is None else np.asarray(q_pos)
+  k_pos = np.arange(nkb * k_block) if k_pos is None else np.asarray(k_pos)
+  key = digest(layout, q_block, k_block, causal, q_pos, k_pos, pair, batch_heads, max_buckets,
+               CHUNK_SCORE_ELEMENTS)
+  if key not in _PLANS:
+    _PLANS[key] = _build(key, layout, q_block, k_block, causal, q_pos, k_pos, pair, batch_heads,
+                         max_buckets)
+  return _PLANS[key]
+
+
+def _build(key, layout, q_block, k_block, causal, q_pos, k_pos, pair, batch_heads, max_buckets):
+  hl, nqb, nkb = layout.shape
+  qpos_b = q_pos.reshape(nqb, q_block).astype(np.int32)
+  kpos_b = k_pos.reshape(nkb, k_block).astype(np.int32)
+  counts = layout.sum(axis=2).max(axis=0)                                 # [nqb]
+  buckets = []
+  for rows in bucket_rows(counts, max_buckets):
+    sets = [[set(np.flatnonzero(layout[h, n]).tolist()) for n in rows] for h in range(hl)]
+    slots, onehot, idx, ok = assign_slots(sets, rows, nkb)
+    r, k = len(rows), idx.shape[-1]
+    chunk = max(1, min(r, CHUNK_SCORE_ELEMENTS // (batch_heads * q_block * k * k_block)))
+    rows_padded = -(-r // chunk) * chunk
+    pad = [(0, rows_padded - r)]
+    kpos = kpos_b[idx].reshape(hl, r, k * k_block).transpose(1, 0, 2)   # [R, Hl, K*bk]
+    buckets.append(Static(
+        (key, len(buckets)), rows=tuple(rows), slots=slots, onehot=onehot, num_slots=k,
+        chunk=chunk, all_slots=bool(ok.all()), causal=causal, pair=pair,
+        slot_ok=np.repeat(ok, k_block, axis=-1).transpose(1, 0, 2),         # [R, Hl, K*bk]
+        qpos=np.pad(qpos_b[list(rows)], pad + [(0, 0)])[:, None, None, :, None],  # [R', 1, 1, bq, 1]
+        kpos=np.pad(kpos, pad + [(0, 0)] * 2)[:, None, :, None, :]))       # [R', 1, Hl, 1, K*bk]
+  order = [n for b in buckets for n in b.rows]
+  position = {n: i for i, n in enumerate(order)}
+  unpermute = tuple(position.get(n, len(order)) for n in range(nqb))     # empty rows: filler
+  return Static(key, num_heads=hl, nqb=nqb, nkb=nkb, q_block=q_block, k_block=k_block,
+                buckets=tuple(buckets), has_empty=len(order) < nqb, unpermute=unpermute,
+                num_blocks=int(layout.sum()),
+                computed_blocks=sum(len(b.rows) * b.num_slots for b in buckets) * hl)
