@@ -126,37 +126,38 @@ def favor_attention(q, k, v, *, features, causal: bool = False, key_mask=None,
 
 
 def _softmax_exponents(x, w):
-  """w_r.x' - |x'|^2 / 2 for x' = x d^{-1/4}: `[B, L, H, D]` -> float32 `[B, L, H, m]`."""
+  """w_r.x' - |x'|^2 / 2 for x' = x d^{-1/4}: `[B, H, L, D]` -> float32 `[B, H, L, m]`."""
   x = x.astype(jnp.float32) * (x.shape[-1] ** -0.25)
-  proj = jnp.einsum("blhd,md->blhm", x, w)
+  proj = jnp.einsum("bhld,md->bhlm", x, w)
   return proj - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "chunk", "kernel"))
 def _favor(q, k, v, features, key_mask, *, causal: bool, chunk: int, kernel: str):
+  head_major = lambda x: jnp.swapaxes(x, 1, 2)                     # [B, L, H, .] <-> [B, H, L, .]
   w = features.astype(jnp.float32)                                 # [m, D]
-  v = v.astype(jnp.float32)
-  real = None if key_mask is None else key_mask[:, :, None, None]  # [B, Lk, 1, 1]
+  q, k, v = head_major(q), head_major(k), head_major(v).astype(jnp.float32)  # [B, H, L, D]
+  real = None if key_mask is None else key_mask[:, None, :, None]  # [B, 1, Lk, 1]
   log_scale = None
   if kernel == "relu":
     scale = q.shape[-1] ** -0.25
-    phi_q = jax.nn.relu(jnp.einsum("blhd,md->blhm", q.astype(jnp.float32) * scale, w))
-    phi_k = jax.nn.relu(jnp.einsum("blhd,md->blhm", k.astype(jnp.float32) * scale, w))
+    phi_q = jax.nn.relu(jnp.einsum("bhld,md->bhlm", q.astype(jnp.float32) * scale, w))
+    phi_k = jax.nn.relu(jnp.einsum("bhld,md->bhlm", k.astype(jnp.float32) * scale, w))
     phi_q, phi_k = phi_q + RELU_EPSILON, phi_k + RELU_EPSILON
     if real is not None:
       phi_k = jnp.where(real, phi_k, 0.0)
   else:
-    eq = _softmax_exponents(q, w)                                  # [B, Lq, H, m]
+    eq = _softmax_exponents(q, w)                                  # [B, H, Lq, m]
     phi_q = jnp.exp(eq - jax.lax.stop_gradient(jnp.max(eq, axis=-1, keepdims=True)))
-    ek = _softmax_exponents(k, w)                                  # [B, Lk, H, m]
-    s = jax.lax.stop_gradient(jnp.max(ek, axis=-1, keepdims=True))  # [B, Lk, H, 1] per key
+    ek = _softmax_exponents(k, w)                                  # [B, H, Lk, m]
+    s = jax.lax.stop_gradient(jnp.max(ek, axis=-1, keepdims=True))  # [B, H, Lk, 1] per key
     if real is not None:
       s = jnp.where(real, s, NEG_INF)
     if causal:
       shifted = ek - s                                             # key j relative to its max
-      log_scale = s[..., 0]                                        # [B, Lk, H]
+      log_scale = s[..., 0]                                        # [B, H, Lk]
     else:
-      ref = jnp.max(s, axis=1, keepdims=True)                      # [B, 1, H, 1] real keys
+      ref = jnp.max(s, axis=2, keepdims=True)                      # [B, H, 1, 1] real keys
       shifted = ek - jnp.where(ref > NEG_INF / 2, ref, 0.0)
     if real is not None:
       shifted = jnp.where(real, shifted, NEG_INF)                  # masked before exp
@@ -167,6 +168,6 @@ def _favor(q, k, v, features, key_mask, *, causal: bool, chunk: int, kernel: str
     out = linear.causal_linear_attention(phi_q, phi_k, v, chunk, key_log_scale=log_scale)
   else:
     out = linear.bidirectional_linear_attention(phi_q, phi_k, v)
-  if key_mask is not None and q.shape[1] == k.shape[1]:
-    out = jnp.where(key_mask[:, :, None, None], out, 0.0)
-  return out.astype(q.dtype)
+  if key_mask is not None and q.shape[2] == k.shape[2]:
+    out = jnp.where(key_mask[:, None, :, None], out, 0.0)
+  return head_major(out).astype(q.dtype)                           # [B, Lq, H, Dv]

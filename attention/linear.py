@@ -15,7 +15,8 @@ Causal mode sums only keys j <= i. It is computed by chunked prefix sums: the se
 into chunks of C positions; inside a chunk a masked `[C, C]` matmul phi(q) phi(k)^T handles the
 pairs of the same chunk, and the keys of earlier chunks enter through a carried state (S, z)
 summed per chunk. Nothing of size `[L, M, Dv]` is ever formed (only `[L / C, M, Dv]`), and the
-loop runs over chunks, never over tokens.
+loop runs over chunks, never over tokens. The feature-level functions work head-major
+(`[B, H, L, ...]`), the layout XLA's dots want; `linear_attention` takes the usual `[B, L, H, D]`.
 
 Keys may carry a log-scale (`key_log_scale`, used by FAVOR+'s stabiliser): key j's true feature
 vector is phi_k[j] * exp(key_log_scale[j]). The causal code keeps every sum relative to the
@@ -55,24 +56,27 @@ def check_chunk_size(chunk_size) -> int:
 
 
 def _normalise(num, den):
-  """num `[B, L, H, Dv]` / den `[B, L, H]`, with exactly 0 where den is 0 (no key)."""
+  """num `[..., L, Dv]` / den `[..., L]`, with exactly 0 where den is 0 (no key)."""
   has = den > 0
   return jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
 
 
 def bidirectional_linear_attention(phi_q, phi_k, v):
-  """Non-causal kernelized attention from features; float32 `[B, Lq, H, Dv]`.
+  """Non-causal kernelized attention from features, head-major; float32 `[B, H, Lq, Dv]`.
+
+  Arrays are head-major (`[B, H, L, ...]`, the layout in which every matmul here has its batch
+  axes in front; the `[B, L, H, ...]` layout costs 2-3x in XLA:CPU's dots).
 
   Args:
-    phi_q: `[B, Lq, H, M]` non-negative query features (any per-query scale cancels).
-    phi_k: `[B, Lk, H, M]` non-negative key features, zero for padded keys.
-    v: `[B, Lk, H, Dv]` values, zero for padded keys.
+    phi_q: `[B, H, Lq, M]` non-negative query features (any per-query scale cancels).
+    phi_k: `[B, H, Lk, M]` non-negative key features, zero for padded keys.
+    v: `[B, H, Lk, Dv]` values, zero for padded keys.
   """
   phi_q, phi_k, v = (x.astype(jnp.float32) for x in (phi_q, phi_k, v))
-  s = jnp.einsum("blhm,blhd->bhmd", phi_k, v)                 # [B, H, M, Dv]
-  z = jnp.sum(phi_k, axis=1)                                  # [B, H, M]
-  num = jnp.einsum("blhm,bhmd->blhd", phi_q, s)               # [B, Lq, H, Dv]
-  den = jnp.einsum("blhm,bhm->blh", phi_q, z)                 # [B, Lq, H]
+  s = jnp.einsum("bhlm,bhld->bhmd", phi_k, v)                 # [B, H, M, Dv]
+  z = jnp.sum(phi_k, axis=2)                                  # [B, H, M]
+  num = jnp.einsum("bhlm,bhmd->bhld", phi_q, s)               # [B, H, Lq, Dv]
+  den = jnp.einsum("bhlm,bhm->bhl", phi_q, z)                 # [B, H, Lq]
   return _normalise(num, den)
 
 
@@ -86,71 +90,71 @@ def _exclusive_cumsum(x, axis: int):
 
 def causal_linear_attention(phi_q, phi_k, v, chunk_size: int | None = None,
                             key_log_scale=None):
-  """Causal kernelized attention by chunked prefix sums; float32 `[B, L, H, Dv]`.
+  """Causal kernelized attention by chunked prefix sums, head-major; float32 `[B, H, L, Dv]`.
 
   Query i uses keys j <= i only. Inside each chunk of `chunk_size` positions a masked
   `[C, C]` matmul covers the pairs of that chunk; earlier chunks enter through per-chunk states
-  `[B, L / C, H, M, Dv]` combined by a prefix sum (a scan over chunks when `key_log_scale` is
+  `[B, H, L / C, M, Dv]` combined by a prefix sum (a scan over chunks when `key_log_scale` is
   given). Padding the length to a multiple of C adds zero keys and queries that are dropped.
 
   Args:
-    phi_q: `[B, L, H, M]` non-negative query features (any per-query scale cancels).
-    phi_k: `[B, L, H, M]` non-negative key features, zero for padded keys.
-    v: `[B, L, H, Dv]` values, zero for padded keys.
+    phi_q: `[B, H, L, M]` non-negative query features (any per-query scale cancels).
+    phi_k: `[B, H, L, M]` non-negative key features, zero for padded keys.
+    v: `[B, H, L, Dv]` values, zero for padded keys.
     chunk_size: chunk length C (None: `DEFAULT_CHUNK_SIZE`); results do not depend on it
       beyond rounding.
-    key_log_scale: optional `[B, L, H]` float; key j's features are really
+    key_log_scale: optional `[B, H, L]` float; key j's features are really
       `phi_k[j] * exp(key_log_scale[j])`. Use `NEG_INF` for padded keys. Treated as a constant
       by autodiff (a stabiliser).
   """
   chunk = check_chunk_size(chunk_size)
   if phi_q.shape != phi_k.shape or phi_q.shape[:3] != v.shape[:3]:
     raise ValueError(
-        f"phi_q and phi_k must be [B, L, H, M] and v [B, L, H, Dv] with equal B, L, H; got "
+        f"phi_q and phi_k must be [B, H, L, M] and v [B, H, L, Dv] with equal B, H, L; got "
         f"{tuple(phi_q.shape)}, {tuple(phi_k.shape)}, {tuple(v.shape)}.")
   return _causal_core(phi_q, phi_k, v, key_log_scale, chunk=chunk)
 
 
 @functools.partial(jax.jit, static_argnames=("chunk",))
 def _causal_core(phi_q, phi_k, v, key_log_scale, *, chunk: int):
-  b, length, h, m = phi_q.shape
+  b, h, length, m = phi_q.shape
   dv = v.shape[-1]
   chunk = min(chunk, -(-length // 8) * 8)                    # never more than one padded chunk
   n = -(-length // chunk)
   pad = n * chunk - length
 
-  def to_chunks(x, fill=0.0):  # [B, L, H, ...] -> [B, N, C, H, ...]
-    x = jnp.pad(x.astype(jnp.float32), [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2),
+  def to_chunks(x, fill=0.0):  # [B, H, L, ...] -> [B, H, N, C, ...]
+    x = jnp.pad(x.astype(jnp.float32), [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 3),
                 constant_values=fill)
-    return x.reshape((b, n, chunk) + x.shape[2:])
+    return x.reshape((b, h, n, chunk) + x.shape[3:])
 
-  pq, pk, vc = to_chunks(phi_q), to_chunks(phi_k), to_chunks(v)   # [B, N, C, H, M|Dv]
+  pq, pk, vc = to_chunks(phi_q), to_chunks(phi_k), to_chunks(v)   # [B, H, N, C, M|Dv]
   tril = np.tril(np.ones((chunk, chunk), bool))                    # [C, C], query >= key
 
-  a = jnp.einsum("bnchm,bnshm->bnhcs", pq, pk)                     # [B, N, H, C, C]
+  a = jnp.einsum("bhncm,bhnsm->bhncs", pq, pk)                     # [B, H, N, C, C]
   if key_log_scale is None:
     a = jnp.where(tril, a, 0.0)
-    states = jnp.einsum("bnshm,bnshd->bnhmd", pk, vc)              # [B, N, H, M, Dv]
-    sums = jnp.sum(pk, axis=2)                                     # [B, N, H, M]
-    prev_s = _exclusive_cumsum(states, axis=1)                     # keys of earlier chunks
-    prev_z = _exclusive_cumsum(sums, axis=1)
-    num_inter = jnp.einsum("bnchm,bnhmd->bnchd", pq, prev_s)
-    den_inter = jnp.einsum("bnchm,bnhm->bnch", pq, prev_z)
+    states = jnp.einsum("bhnsm,bhnsd->bhnmd", pk, vc)              # [B, H, N, M, Dv]
+    sums = jnp.sum(pk, axis=3)                                     # [B, H, N, M]
+    prev_s = _exclusive_cumsum(states, axis=2)                     # keys of earlier chunks
+    prev_z = _exclusive_cumsum(sums, axis=2)
+    num_inter = jnp.einsum("bhncm,bhnmd->bhncd", pq, prev_s)
+    den_inter = jnp.einsum("bhncm,bhnm->bhnc", pq, prev_z)
   else:
-    ls = jax.lax.stop_gradient(to_chunks(key_log_scale, NEG_INF))  # [B, N, C, H]
-    run = jax.lax.cummax(ls, axis=2)                               # running max inside chunk
-    chunk_max = run[:, :, -1]                                      # [B, N, H]
+    ls = jax.lax.stop_gradient(to_chunks(key_log_scale, NEG_INF))  # [B, H, N, C]
+    run = jax.lax.cummax(ls, axis=3)                               # running max inside chunk
+    chunk_max = run[..., -1]                                       # [B, H, N]
     # Max over all earlier chunks (exclusive), then the running max M_i of every query.
     before = jax.lax.cummax(jnp.concatenate(
-        [jnp.full_like(chunk_max[:, :1], NEG_INF), chunk_max[:, :-1]], axis=1), axis=1)
-    m_i = jnp.maximum(run, before[:, :, None])                     # [B, N, C, H]
+        [jnp.full_like(chunk_max[..., :1], NEG_INF), chunk_max[..., :-1]], axis=2), axis=2)
+    m_i = jnp.maximum(run, before[..., None])                      # [B, H, N, C]
     # Intra-chunk: key j weighs exp(ls_j - M_i) <= 1 relative to query i's reference.
-    rel = ls.transpose(0, 1, 3, 2)[:, :, :, None, :] - m_i.transpose(0, 1, 3, 2)[..., None]
-    a = a * jnp.where(tril, jnp.exp(jnp.minimum(rel, 0.0)), 0.0)   # [B, N, H, C, C]
+    rel = ls[..., None, :] - m_i[..., :, None]                     # [B, H, N, C, C]
+    a = a * jnp.where(tril, jnp.exp(jnp.minimum(rel, 0.0)), 0.0)
     # Per-chunk states relative to the chunk's own max, carried relative to the running max.
-    w = jnp.exp(ls - chunk_max[:, :, None])[..., None]             # [B, N, C, H, 1]
-    states = jnp.einsum("bnshm,bnshd->bnhmd", pk * w, vc)          # [B, N, H, M, Dv]
-    sums = jnp.sum(pk * w, axis=2)                                 # [B, N, H, M]
+    pkw = pk * jnp.exp(ls - chunk_max[..., None])[..., None]       # [B, H, N, C, M]
+    states = jnp.einsum("bhnsm,bhnsd->bhnmd", pkw, vc)             # [B, H, N, M, Dv]
+    sums = jnp.sum(pkw, axis=3)                                    # [B, H, N, M]
 
     def step(carry, xs):
       s_acc, z_acc, m_acc = carry
@@ -164,17 +168,17 @@ def _causal_core(phi_q, phi_k, v, key_log_scale, *, chunk: int):
     init = (jnp.zeros((b, h, m, dv), jnp.float32), jnp.zeros((b, h, m), jnp.float32),
             jnp.full((b, h), NEG_INF, jnp.float32))
     _, (prev_s, prev_z) = jax.lax.scan(
-        step, init, (jnp.moveaxis(states, 1, 0), jnp.moveaxis(sums, 1, 0),
-                     jnp.moveaxis(chunk_max, 1, 0)))
-    prev_s, prev_z = jnp.moveaxis(prev_s, 0, 1), jnp.moveaxis(prev_z, 0, 1)
-    carry_w = jnp.exp(before[:, :, None] - m_i)                    # [B, N, C, H] <= 1
-    num_inter = jnp.einsum("bnchm,bnhmd->bnchd", pq, prev_s) * carry_w[..., None]
-    den_inter = jnp.einsum("bnchm,bnhm->bnch", pq, prev_z) * carry_w
+        step, init, (jnp.moveaxis(states, 2, 0), jnp.moveaxis(sums, 2, 0),
+                     jnp.moveaxis(chunk_max, 2, 0)))
+    prev_s, prev_z = jnp.moveaxis(prev_s, 0, 2), jnp.moveaxis(prev_z, 0, 2)
+    carry_w = jnp.exp(before[..., None] - m_i)                     # [B, H, N, C] <= 1
+    num_inter = jnp.einsum("bhncm,bhnmd->bhncd", pq, prev_s) * carry_w[..., None]
+    den_inter = jnp.einsum("bhncm,bhnm->bhnc", pq, prev_z) * carry_w
 
-  num = jnp.einsum("bnhcs,bnshd->bnchd", a, vc) + num_inter        # [B, N, C, H, Dv]
-  den = jnp.sum(a, axis=-1).transpose(0, 1, 3, 2) + den_inter      # [B, N, C, H]
-  out = _normalise(num.reshape(b, n * chunk, h, dv), den.reshape(b, n * chunk, h))
-  return out[:, :length]
+  num = jnp.einsum("bhncs,bhnsd->bhncd", a, vc) + num_inter        # [B, H, N, C, Dv]
+  den = jnp.sum(a, axis=-1) + den_inter                            # [B, H, N, C]
+  out = _normalise(num.reshape(b, h, n * chunk, dv), den.reshape(b, h, n * chunk))
+  return out[:, :, :length]
 
 
 def elu_features(x):
@@ -208,15 +212,16 @@ def linear_attention(q, k, v, *, causal: bool = False, key_mask=None,
 
 @functools.partial(jax.jit, static_argnames=("causal", "chunk"))
 def _linear_attention(q, k, v, key_mask, *, causal: bool, chunk: int):
-  phi_q, phi_k = elu_features(q), elu_features(k)                  # [B, L, H, D]
-  v = v.astype(jnp.float32)
+  head_major = lambda x: jnp.swapaxes(x, 1, 2)                     # [B, L, H, .] <-> [B, H, L, .]
+  phi_q, phi_k = elu_features(head_major(q)), elu_features(head_major(k))  # [B, H, L, D]
+  v = head_major(v).astype(jnp.float32)
   if key_mask is not None:
-    real = key_mask[:, :, None, None]
+    real = key_mask[:, None, :, None]                              # [B, 1, Lk, 1]
     phi_k, v = jnp.where(real, phi_k, 0.0), jnp.where(real, v, 0.0)
   if causal:
     out = _causal_core(phi_q, phi_k, v, None, chunk=chunk)
   else:
     out = bidirectional_linear_attention(phi_q, phi_k, v)
   if key_mask is not None and q.shape[1] == k.shape[1]:
-    out = jnp.where(key_mask[:, :, None, None], out, 0.0)
-  return out.astype(q.dtype)
+    out = jnp.where(key_mask[:, None, :, None], out, 0.0)
+  return head_major(out).astype(q.dtype)                           # [B, Lq, H, Dv]

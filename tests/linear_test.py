@@ -91,8 +91,10 @@ def test_key_log_scale_matches_naive():
   real[0, :5] = False                                 # leading padding: no key yet
   phi_k = np.where(real[:, :, None, None], phi_k, 0.0)
   ls = np.where(real[:, :, None], log_scale, NEG_INF)
-  out = linear.causal_linear_attention(*(jnp.asarray(x, jnp.float32) for x in (phi_q, phi_k, v)),
-                                       32, key_log_scale=jnp.asarray(ls, jnp.float32))
+  head_major = lambda x: jnp.swapaxes(jnp.asarray(x, jnp.float32), 1, 2)
+  out = linear.causal_linear_attention(*(head_major(x) for x in (phi_q, phi_k, v)), 32,
+                                       key_log_scale=head_major(ls))
+  out = jnp.swapaxes(out, 1, 2)
   ref = _naive(phi_q, phi_k, v, causal=True,
                log_scale=np.where(real[:, :, None], log_scale, -np.inf))
   np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5, rtol=0)
@@ -136,10 +138,10 @@ def _all_avals(jaxpr):
 
 @pytest.mark.parametrize("log_scale", [False, True])
 def test_causal_never_builds_an_l_m_d_tensor_nor_scans_tokens(log_scale):
-  b, length, h, m, dv, chunk = 1, 1024, 1, 32, 16, 64
-  phi = jnp.ones((b, length, h, m))
-  v = jnp.ones((b, length, h, dv))
-  ls = jnp.zeros((b, length, h)) if log_scale else None
+  b, h, length, m, dv, chunk = 1, 1, 1024, 32, 16, 64
+  phi = jnp.ones((b, h, length, m))                  # head-major
+  v = jnp.ones((b, h, length, dv))
+  ls = jnp.zeros((b, h, length)) if log_scale else None
 
   def loss(pq, pk, v):
     return jnp.sum(linear.causal_linear_attention(pq, pk, v, chunk, key_log_scale=ls))
