@@ -7,8 +7,8 @@ One hash round:
   2. Angular LSH by a random rotation R `[D, num_buckets / 2]` drawn from the explicit `key`:
      bucket = argmax([x R, -x R]), so num_buckets must be even (or 1: no hashing). Padded
      tokens get an extra bucket `num_buckets`, which sorts after every real token.
-  3. Tokens are sorted by (bucket, position): a stable order, so within a bucket tokens keep
-     their order. The sorted sequence is cut into chunks of `chunk_size`; each chunk attends to
+  3. Tokens are sorted by (bucket, position) (a two-key sort, no overflow-prone combined key),
+     so within a bucket tokens keep their order. The sorted sequence is cut into chunks of `chunk_size`; each chunk attends to
      itself and to the previous chunk of the same round. The first chunk has no look-back
      (no wrap-around to the last chunk, unlike trax's `look_adjacent`).
   4. A token attends to itself only when nothing else is available (shared QK makes q_i . k_i
@@ -167,9 +167,9 @@ def _lsh(qk, v, key, key_mask, *, num_hashes, num_buckets, chunk, causal):
   buckets = lsh_buckets(pad_len(qk), key=key, num_hashes=num_hashes, num_buckets=num_buckets,
                         key_mask=real)                                 # [B, H, R, Lp]
   positions = jnp.arange(lp, dtype=jnp.int32)
-  perm = jnp.argsort(buckets * lp + positions, axis=-1)                # [B, H, R, Lp]
+  sorted_buckets, perm = jax.lax.sort(                                 # by (bucket, position)
+      (buckets, jnp.broadcast_to(positions, buckets.shape)), dimension=3, num_keys=2)
   inv = jnp.argsort(perm, axis=-1)                                     # rank of each token
-  sorted_buckets = jnp.take_along_axis(buckets, perm, axis=-1)
   if causal:
     # Chunks: at most ceil(L / c) plus one partial chunk per non-empty bucket.
     nc = min(lp // chunk + num_buckets, (length + min(num_buckets, length) * (chunk - 1))
