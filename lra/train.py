@@ -89,9 +89,6 @@ def validate_config(config: ml_collections.ConfigDict, task) -> None:
       raise ValueError(f"task {task.NAME!r} trains a causal language model but attention "
                        f"{kind!r} cannot be causal: {attention_extras.NOT_CAUSAL[kind]}")
   models.get(task.MODEL)
-  shards = 1
-  for v in config.mesh.values():
-    shards *= v if v > 0 else 1
   if config.eval_batch_size <= 0 or config.batch_size <= 0:
     raise ValueError("batch_size and eval_batch_size must be positive.")
 

@@ -44,6 +44,12 @@ def dense(rngs: nnx.Rngs, fan_in: int, fan_out: int, names: tuple[str | None, st
       kernel_metadata=metadata(names), bias_metadata=metadata((names[1],)))
 
 
+def layer_norm(rngs: nnx.Rngs, dim: int) -> nnx.LayerNorm:
+  """nnx.LayerNorm whose scale and bias carry the logical name "embed"."""
+  return nnx.LayerNorm(dim, rngs=rngs, scale_metadata=metadata(("embed",)),
+                       bias_metadata=metadata(("embed",)))
+
+
 def layer_specs(attention: Mapping[str, Any], layer_attention: Sequence[Mapping[str, Any]],
                 num_layers: int) -> list[dict[str, Any]]:
   """One attention spec per layer: `attention` updated by `layer_attention[i]` when given.
@@ -85,11 +91,11 @@ class Block(nnx.Module):
   def __init__(self, cfg: Mapping[str, Any], spec: Mapping[str, Any], *, max_length: int,
                causal: bool = False, shared_extras=None, rngs: nnx.Rngs):
     e = cfg["emb_dim"]
-    self.ln_attn = nnx.LayerNorm(e, rngs=rngs)
+    self.ln_attn = layer_norm(rngs, e)
     self.attention = MultiHeadAttention(
         e, cfg["num_heads"], cfg["qkv_dim"], spec, max_length=max_length, causal=causal,
         shared_extras=shared_extras, rngs=rngs)
-    self.ln_mlp = nnx.LayerNorm(e, rngs=rngs)
+    self.ln_mlp = layer_norm(rngs, e)
     self.mlp = MLP(e, cfg["mlp_dim"], cfg["dropout"], rngs=rngs)
     self.dropout_rate = cfg["dropout"]
 
@@ -130,7 +136,7 @@ class Encoder(nnx.Module):
       blocks.append(Block(cfg, spec, max_length=max_length, causal=causal,
                           shared_extras=extras, rngs=rngs))
     self.blocks = nnx.List(blocks)
-    self.ln_final = nnx.LayerNorm(cfg["emb_dim"], rngs=rngs)
+    self.ln_final = layer_norm(rngs, cfg["emb_dim"])
     self.dropout_rate = cfg["dropout"]
 
   def __call__(self, tokens: jax.Array, *, rng=None) -> tuple[jax.Array, jax.Array]:
