@@ -89,6 +89,7 @@ def lsh_buckets(qk, *, key, num_hashes: int, num_buckets: int, key_mask=None):
   Returns:
     int32 `[B, H, R, L]`.
   """
+  num_hashes, num_buckets, _ = check_lsh_args(num_hashes, num_buckets, 1)
   b_, length, h, d = qk.shape
   if num_buckets == 1:
     buckets = jnp.zeros((b_, h, num_hashes, length), jnp.int32)
