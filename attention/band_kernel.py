@@ -36,15 +36,17 @@ def choose_chunk(num_blocks: int, rows: int, block: int, width: int) -> int:
   return int(max(1, min(num_blocks, CHUNK_SCORE_ELEMENTS // per_block)))
 
 
-def _band_table(block: int, left: int, right: int, window: int, causal: bool) -> np.ndarray:
-  """Static `[block, W]` bool: query t of a block may see key column c of its window."""
+def _band_bias(block: int, left: int, right: int, window: int, causal: bool) -> np.ndarray:
+  """Static `[block, W]` additive bias: 0 where query t of a block may see key column c of its
+  window, NEG_INF elsewhere."""
   rel = np.arange(block)[:, None] - (np.arange((left + right + 1) * block)[None, :] - left * block)
-  return (rel <= window) & (rel >= (0 if causal else -window))
+  allowed = (rel <= window) & (rel >= (0 if causal else -window))
+  return np.where(allowed, 0.0, NEG_INF).astype(np.float32)
 
 
 def _windows(x, chunk: int, spread: int, axis: int):
-  """`x` holds chunk + spread - 1 consecutive blocks along `axis` (block axis 0); returns, for each
-  of the first `chunk` blocks, the concatenation of it and the next spread - 1 blocks."""
+  """`x` holds chunk + spread - 1 consecutive blocks along axis 0; returns, for each of the first
+  `chunk` blocks, the concatenation (along `axis`) of it and the next spread - 1 blocks."""
   parts = [jax.lax.slice_in_dim(x, o, o + chunk, axis=0) for o in range(spread)]
   return jnp.concatenate(parts, axis=axis)
 
@@ -60,24 +62,24 @@ def _fold_windows(x, chunk: int, spread: int, block: int):
   return total
 
 
-def _chunk_scores(qc, kc, okc, table, chunk: int, spread: int, scale: float):
-  """Logits and mask of one chunk. qc `[c, B, h, dil, block, D]`, kc `[c+s-1, B, h, dil, block,
-  D]`, okc `[c+s-1, B, dil, block]`. Returns kw, logits `[c, B, h, dil, block, W]`, allowed."""
-  kw = _windows(kc, chunk, spread, axis=4)                           # [c, B, h, dil, W, D]
-  okw = _windows(okc, chunk, spread, axis=3)                         # [c, B, dil, W]
-  logits = jnp.einsum("cbhrqd,cbhrkd->cbhrqk", qc, kw,
-                      preferred_element_type=jnp.float32) * scale
-  allowed = table & okw[:, :, None, :, None, :]                      # [c, B, 1, dil, block, W]
-  return kw, logits, allowed
+def _chunk_logits(qc, kc, okc, bias, chunk: int, spread: int):
+  """Biased logits of one chunk: qc `[c, B, h, dil, block, D]` (already scaled by 1/sqrt(D)),
+  kc `[c+s-1, B, h, dil, block, D]`, okc `[c+s-1, B, dil, block]` bool. Returns the key windows
+  `[c, B, h, dil, W, D]` and logits `[c, B, h, dil, block, W]` with NEG_INF added where masked."""
+  kw = _windows(kc, chunk, spread, axis=4)
+  key_bias = jnp.where(_windows(okc, chunk, spread, axis=3), 0.0, NEG_INF)  # [c, B, dil, W]
+  logits = jnp.einsum("cbhrqd,cbhrkd->cbhrqk", qc, kw, preferred_element_type=jnp.float32)
+  return kw, logits + bias + key_bias[:, :, None, :, None, :]
 
 
 def _forward(q, k, v, ok, window, causal, left, right, chunk):
-  """q `[nbq, B, h, dil, block, D]` (nbq a multiple of chunk); k, v `[nbq + left + right, ...]`
-  (padded with `left` zero blocks before); ok `[nbq + left + right, B, dil, block]`."""
-  nbq, block, d = q.shape[0], q.shape[4], q.shape[5]
+  """q `[nbq, B, h, dil, block, D]` scaled by 1/sqrt(D) (nbq a multiple of chunk); k, v
+  `[nbq + left + right, ...]` (padded with `left` zero blocks before); ok `[nbq + left + right,
+  B, dil, block]`. Returns out, lse and the lse used by the backward pass (+|NEG_INF| on rows
+  with no allowed key, so that exp(logit - lse) is 0 there)."""
+  nbq, block = q.shape[0], q.shape[4]
   spread = left + right + 1
-  table = _band_table(block, left, right, window, causal)
-  scale = 1.0 / math.sqrt(d)
+  bias = _band_bias(block, left, right, window, causal)
   span = chunk + spread - 1
 
   def step(_, j):
@@ -86,65 +88,64 @@ def _forward(q, k, v, ok, window, causal, left, right, chunk):
     kc = jax.lax.dynamic_slice_in_dim(k, start, span, axis=0)
     vc = jax.lax.dynamic_slice_in_dim(v, start, span, axis=0)
     okc = jax.lax.dynamic_slice_in_dim(ok, start, span, axis=0)
-    _, logits, allowed = _chunk_scores(qc, kc, okc, table, chunk, spread, scale)
-    logits = jnp.where(allowed, logits, NEG_INF)
-    row_max = jnp.max(logits, axis=-1, keepdims=True)
-    p = jnp.where(allowed, jnp.exp(logits - row_max), 0.0)
+    _, logits = _chunk_logits(qc, kc, okc, bias, chunk, spread)
+    row_max = jnp.max(logits, axis=-1)
+    # A row with no allowed key has every logit near NEG_INF: it outputs 0.
+    has = row_max > 0.5 * NEG_INF
+    p = jnp.exp(logits - row_max[..., None])
     row_sum = jnp.sum(p, axis=-1)
-    vw = _windows(vc, chunk, spread, axis=4)
-    o = jnp.einsum("cbhrqk,cbhrkd->cbhrqd", p, vw)
-    has = row_sum > 0
-    safe = jnp.where(has, row_sum, 1.0)
-    o = o / safe[..., None]
-    lse = jnp.where(has, row_max[..., 0] + jnp.log(safe), NEG_INF)
-    return None, (o, lse)
+    o = jnp.einsum("cbhrqk,cbhrkd->cbhrqd", p, _windows(vc, chunk, spread, axis=4))
+    o = jnp.where(has[..., None], o / row_sum[..., None], 0.0)
+    lse = row_max + jnp.log(row_sum)
+    return None, (o, jnp.where(has, lse, NEG_INF), jnp.where(has, lse, -NEG_INF))
 
-  _, (o, lse) = jax.lax.scan(step, None, jnp.arange(nbq // chunk))
-  o = o.reshape((nbq,) + o.shape[2:])
-  lse = lse.reshape((nbq,) + lse.shape[2:])
-  return o, lse
+  _, outs = jax.lax.scan(step, None, jnp.arange(nbq // chunk))
+  return tuple(x.reshape((nbq,) + x.shape[2:]) for x in outs)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
 def band_blocks(q, k, v, ok, window, causal, left, right, chunk):
   """Blocked band attention; returns (out `[nbq, B, h, dil, block, Dv]`, lse `[..., block]`).
 
-  Both in float32; rows with no allowed key have out 0 and lse NEG_INF.
+  Both in float32; rows with no allowed key have out 0 and lse NEG_INF. `q` is unscaled.
   """
-  return _forward(q, k, v, ok, window, causal, left, right, chunk)
+  o, lse, _ = _forward(q * (1.0 / math.sqrt(q.shape[-1])), k, v, ok, window, causal, left,
+                       right, chunk)
+  return o, lse
 
 
 def _band_blocks_fwd(q, k, v, ok, window, causal, left, right, chunk):
-  o, lse = _forward(q, k, v, ok, window, causal, left, right, chunk)
-  return (o, lse), (q, k, v, ok, o, lse)
+  qs = q * (1.0 / math.sqrt(q.shape[-1]))
+  o, lse, lse_bwd = _forward(qs, k, v, ok, window, causal, left, right, chunk)
+  return (o, lse), (qs, k, v, ok, o, lse_bwd)
 
 
 def _band_blocks_bwd(window, causal, left, right, chunk, res, cts):
-  q, k, v, ok, o, lse = res
+  qs, k, v, ok, o, lse = res
   do, dlse = cts
-  nbq, block, d = q.shape[0], q.shape[4], q.shape[5]
+  nbq, block = qs.shape[0], qs.shape[4]
+  scale = 1.0 / math.sqrt(qs.shape[-1])
   spread = left + right + 1
   span = chunk + spread - 1
-  table = _band_table(block, left, right, window, causal)
-  scale = 1.0 / math.sqrt(d)
+  bias = _band_bias(block, left, right, window, causal)
   # d(loss)/d(logit) = p * (dP - delta) with delta = rowsum(dO * O) - dlse.
   delta = jnp.sum(do * o, axis=-1) - dlse                            # [nbq, B, h, dil, block]
 
   def step(carry, j):
     dk, dv = carry
     start = j * chunk
-    qc = jax.lax.dynamic_slice_in_dim(q, start, chunk, axis=0)
+    qc = jax.lax.dynamic_slice_in_dim(qs, start, chunk, axis=0)
     kc = jax.lax.dynamic_slice_in_dim(k, start, span, axis=0)
     vc = jax.lax.dynamic_slice_in_dim(v, start, span, axis=0)
     okc = jax.lax.dynamic_slice_in_dim(ok, start, span, axis=0)
     doc = jax.lax.dynamic_slice_in_dim(do, start, chunk, axis=0)
     lc = jax.lax.dynamic_slice_in_dim(lse, start, chunk, axis=0)
     dc = jax.lax.dynamic_slice_in_dim(delta, start, chunk, axis=0)
-    kw, logits, allowed = _chunk_scores(qc, kc, okc, table, chunk, spread, scale)
-    p = jnp.where(allowed, jnp.exp(logits - lc[..., None]), 0.0)
+    kw, logits = _chunk_logits(qc, kc, okc, bias, chunk, spread)
+    p = jnp.exp(logits - lc[..., None])                              # 0 where masked
     vw = _windows(vc, chunk, spread, axis=4)
     dp = jnp.einsum("cbhrqd,cbhrkd->cbhrqk", doc, vw)
-    ds = p * (dp - dc[..., None]) * scale
+    ds = p * (dp - dc[..., None])
     dqc = jnp.einsum("cbhrqk,cbhrkd->cbhrqd", ds, kw)
     dkw = jnp.einsum("cbhrqk,cbhrqd->cbhrkd", ds, qc)
     dvw = jnp.einsum("cbhrqk,cbhrqd->cbhrkd", p, doc)
@@ -158,8 +159,8 @@ def _band_blocks_bwd(window, causal, left, right, chunk, res, cts):
 
   init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
   (dk, dv), dq = jax.lax.scan(step, init, jnp.arange(nbq // chunk))
-  dq = dq.reshape(q.shape)
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+  dq = dq.reshape(qs.shape) * scale
+  return dq.astype(qs.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
 band_blocks.defvjp(_band_blocks_fwd, _band_blocks_bwd)
