@@ -3,17 +3,18 @@
 `arg` keys: `attention` (any name in `attention.REGISTRY`), `size` (`base`: the LRA settings;
 `small`: sized to train on a laptop CPU), `window` (one-sided window of the local kinds).
 
-Main command (generated data, small size; about 6 minutes on a 2-core CPU including data
-generation and compilation):
+Main command (generates ListOps with 17-128 tokens per tree, trains a 2-layer, 64-wide model
+for 800 steps of batch 32; a few minutes on a 2-core CPU, data generation and compilation
+included):
 
-  .venv/bin/lra run listops --config.size_arg=small
+  .venv/bin/lra run listops --size small
 
-is shorthand for `lra run listops --attention dot_product --config=configs/listops.py:size=small`
-(see docs/training.md). Expected: test accuracy about 0.40 (majority class about 0.17-0.21), in
-`<workdir>/results.json`.
+Expected: `test accuracy` about 0.39 against a majority-class rate of about 0.15 (measured:
+0.391 vs 0.145 with 1,000 steps, seed 0), in `workdirs/listops-dot_product-small/results.json`.
+Any attention kind: `--attention band` (see `lra list`).
 
-LRA base: `lra run listops --config=configs/listops.py:size=base,attention=band --workdir DIR`
-(5,000 steps, batch 32, length 2,000; LRA reports 36-37% for most attentions).
+LRA base: `lra run listops --size base --attention band --workdir DIR` (5,000 steps, batch 32,
+length 2,000; LRA reports 36-37% test accuracy for most attention kinds).
 """
 
 from __future__ import annotations
@@ -59,15 +60,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.pool = "mean"
     c.batch_size = 32
     c.eval_batch_size = 200
-    c.num_train_steps = 1000
+    c.num_train_steps = 800
     c.learning_rate = 2e-3
     c.schedule = "cosine"
     c.warmup_steps = 50
     c.weight_decay = 0.01
     c.grad_clip = 1.0
     c.log_every = 50
-    c.eval_every = 250
-    c.checkpoint_every = 250
+    c.eval_every = 200
+    c.checkpoint_every = 200
     window = a.window or 16
   c.model.attention = ml_collections.ConfigDict(
       {"kind": a.attention,
