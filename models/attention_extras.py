@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 import attention
