@@ -2,23 +2,24 @@
 
 A layout is a numpy bool array `[num_query_blocks, num_key_blocks]` (or one per head,
 `[heads, nqb, nkb]`): query block n may attend key block m when `layout[n, m]`. The layout is
-static (known at trace time), so the work is planned once, in numpy:
+static (known at trace time), so the work is planned once, in numpy
+(`attention.block_sparse_plan`):
 
-  * every query block gets the static list of its key blocks; rows are grouped into a few
-    buckets of similar length (a causal layout has rows of 1 .. nkb blocks), and each bucket is
-    padded to its own longest row K, so the padding waste stays small;
-  * per bucket, the K key blocks of every query block are assembled by static slices and one
-    concatenate (`static_take`: runs of consecutive blocks become one slice, repeated blocks a
-    broadcast); its gradient is the matching static sum of slices. There is no gather and no
-    `[L, L]` mask;
-  * one batched einsum `[rows, block, K * block]` computes the scores; a fine mask inside the
-    blocks applies padding slots, key padding and the sequence end, the causal diagonal, and an
-    optional token-level predicate used by the pattern fronts (`attention.sparse_patterns`);
-  * the softmax core has a hand-written backward pass (flash-style: recompute the scores, use the
-    saved log-sum-exp), so the probabilities are never stored between forward and backward.
+  * rows (query blocks) are grouped into a few buckets of similar block count (a causal layout
+    has rows of 1 .. nkb blocks), each padded to its own longest row K;
+  * per bucket, the K key blocks of every row are assembled gather-free: band diagonals are
+    static slices, global columns broadcasts, irregular (random) blocks one one-hot matmul;
+    the gradients are the matching static sums;
+  * the scores `[rows, block, K * block]` are computed by a scan over chunks of rows, so one
+    step's scores stay in cache; a fine mask applies padding slots, key padding and the
+    sequence end, the causal diagonal, and an optional token predicate of the pattern fronts
+    (`attention.sparse_patterns`);
+  * the softmax core has a hand-written backward pass (flash-style: recompute the scores from
+    the saved log-sum-exp), so probabilities are never stored between forward and backward.
 
-The cost is proportional to the number of non-empty blocks (plus the bucket padding). The
-semantics are those of `dot_product_attention` with `masks.block_layout_mask(layout, ...)`.
+The cost is proportional to the number of non-empty blocks (plus the bucket padding, plus
+`rows * slots * nkb` for the one-hot slots of irregular layouts). The semantics are those of
+`dot_product_attention` with `masks.block_layout_mask(layout, ...)`.
 """
 
 from __future__ import annotations
