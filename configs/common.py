@@ -103,8 +103,13 @@ def model_defaults() -> ml_collections.ConfigDict:
 def attention_defaults(kind: str, *, window: int, max_length: int) -> dict[str, Any]:
   """Default arguments for attention `kind` in a model over `max_length` tokens."""
   chunk = 64 if max_length >= 1024 else 16
+  block = max(4, window // 2)
   table = {
       "band": {"window": window},
+      "bigbird": {"block_size": block, "num_global_blocks": 2, "num_random_blocks": 3},
+      "block_local": {"block_size": max(4, window)},
+      "block_sparse": {"block_size": block, "window_blocks": 1, "global_blocks": 1},
+      "sparse": {"pattern": "fixed", "stride": max(4, window)},
       "favor": {"num_features": 256},
       "linformer": {"k": 256 if max_length >= 1024 else 32},
       "lsh": {"num_hashes": 2, "chunk_size": chunk,

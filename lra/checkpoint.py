@@ -11,15 +11,11 @@ it when complete, so an interrupted save never looks like a finished step.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
-
-log = logging.getLogger(__name__)
-
 
 class CheckpointError(RuntimeError):
   """The workdir has checkpoints but none of them can be restored."""
@@ -76,8 +72,6 @@ class Checkpointer:
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
       except Exception as e:  # noqa: BLE001 - any failure means: try the previous step
         errors.append(f"step {step}: {type(e).__name__}: {str(e)[:300]}")
-        log.warning("checkpoint step %d in %s failed to restore (%s); trying the previous one.",
-                    step, self.directory, errors[-1])
         print(f"WARNING: checkpoint step {step} in {self.directory} failed to restore; "
               f"falling back to the previous step. Cause: {errors[-1]}", flush=True)
         continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 
 import attention
@@ -24,6 +25,8 @@ from models.sharding import param
 NOT_CAUSAL = {
     "linformer": "Linformer projects keys and values along the length axis, so every "
                  "compressed key mixes future positions; it cannot be causal.",
+    "bigbird": "BigBird's global and random blocks are bidirectional (bigbird_attention has "
+               "no causal mode); use sparse, block_local or band for language models.",
 }
 
 
@@ -37,8 +40,8 @@ class FavorFeatures(nnx.Module):
   CONSUMES = ("num_features",)
 
   def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
-               rngs: nnx.Rngs):
-    del num_heads, max_length
+               rngs: nnx.Rngs, layer_index: int = 0):
+    del num_heads, max_length, layer_index
     num_features = int(args.get("num_features", 256))
     self.features = Buffer(attention.favor_features(rngs.params(), num_features, head_dim))
 
@@ -59,8 +62,8 @@ class LinformerProjections(nnx.Module):
   SHARINGS = ("none", "headwise", "kv", "layer")
 
   def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
-               rngs: nnx.Rngs):
-    del head_dim
+               rngs: nnx.Rngs, layer_index: int = 0):
+    del head_dim, layer_index
     sharing = args.get("sharing", "none")
     if sharing not in self.SHARINGS:
       raise ValueError(
@@ -92,7 +95,8 @@ class SynthesizerParams(nnx.Module):
   CONSUMES = ("components", "k", "hidden")
 
   def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
-               rngs: nnx.Rngs):
+               rngs: nnx.Rngs, layer_index: int = 0):
+    del layer_index
     import math
     from attention import synthesizer
     names = tuple(str(args.get("components", "random+dot_product")).split("+"))
@@ -150,8 +154,8 @@ class LshKey(nnx.Module):
   CONSUMES = ()
 
   def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
-               rngs: nnx.Rngs):
-    del args, num_heads, head_dim, max_length
+               rngs: nnx.Rngs, layer_index: int = 0):
+    del args, num_heads, head_dim, max_length, layer_index
     self.eval_key = Buffer(jax.random.key_data(rngs.params()))
 
   def __call__(self, *, length: int, rng) -> dict[str, Any]:
@@ -160,12 +164,55 @@ class LshKey(nnx.Module):
     return {"key": key}
 
 
+class BigBirdSeed(nnx.Module):
+  """BigBird's random blocks are fixed by an int seed: `seed` (config) plus the layer index, so
+  layers differ and training and evaluation use the same pattern."""
+
+  CONSUMES = ("seed",)
+
+  def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
+               rngs: nnx.Rngs, layer_index: int = 0):
+    del num_heads, head_dim, max_length, rngs
+    self.seed = int(args.get("seed", 0)) * 1009 + int(layer_index)
+
+  def __call__(self, *, length: int, rng) -> dict[str, Any]:
+    del length, rng
+    return {"seed": self.seed}
+
+
+class BlockSparseLayout(nnx.Module):
+  """A static block layout for `block_sparse`, built from the length at trace time: each query
+  block sees `window_blocks` blocks on each side, and the first `global_blocks` blocks see and
+  are seen by every block."""
+
+  CONSUMES = ("window_blocks", "global_blocks")
+
+  def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
+               rngs: nnx.Rngs, layer_index: int = 0):
+    del num_heads, head_dim, max_length, rngs, layer_index
+    self.block_size = int(args["block_size"]) if "block_size" in args else None
+    self.window_blocks = int(args.get("window_blocks", 1))
+    self.global_blocks = int(args.get("global_blocks", 1))
+    if self.block_size is None:
+      raise ValueError("block_sparse needs block_size (tokens per block) in its arguments.")
+
+  def __call__(self, *, length: int, rng) -> dict[str, Any]:
+    del rng
+    nb = -(-length // self.block_size)
+    n = np.arange(nb)
+    layout = np.abs(n[:, None] - n[None, :]) <= self.window_blocks      # [nb, nb]
+    layout |= (n[None, :] < self.global_blocks) | (n[:, None] < self.global_blocks)
+    return {"layout": layout}
+
+
 # Kind name in attention.REGISTRY -> module creating the layer-owned arrays that kind needs.
 EXTRAS = {
     "favor": FavorFeatures,
     "linformer": LinformerProjections,
     "synthesizer": SynthesizerParams,
     "lsh": LshKey,
+    "bigbird": BigBirdSeed,
+    "block_sparse": BlockSparseLayout,
 }
 
 # Kinds whose query and key are one shared projection (Reformer's shared-QK): the primitive is
@@ -174,12 +221,13 @@ SHARED_QK = ("lsh",)
 
 
 def make_extras(kind: str, args: dict, *, num_heads: int, head_dim: int, max_length: int,
-                rngs: nnx.Rngs) -> nnx.Module | None:
+                rngs: nnx.Rngs, layer_index: int = 0) -> nnx.Module | None:
   """Builds the extras module for `kind`, or None when the kind needs none."""
   cls = EXTRAS.get(kind)
   if cls is None:
     return None
-  return cls(args, num_heads=num_heads, head_dim=head_dim, max_length=max_length, rngs=rngs)
+  return cls(args, num_heads=num_heads, head_dim=head_dim, max_length=max_length, rngs=rngs,
+             layer_index=layer_index)
 
 
 def consumed_args(kind: str) -> tuple[str, ...]:

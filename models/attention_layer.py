@@ -49,11 +49,12 @@ class MultiHeadAttention(nnx.Module):
     max_length: longest sequence the layer will see (sizes Linformer/Synthesizer arrays).
     causal: autoregressive attention (passed to the primitive as `causal=True`).
     shared_extras: an extras module shared with other layers (Linformer `sharing="layer"`).
+    layer_index: the layer's depth (seeds per-layer patterns such as BigBird's random blocks).
   """
 
   def __init__(self, emb_dim: int, num_heads: int, qkv_dim: int, spec: Mapping[str, Any], *,
                max_length: int, causal: bool = False, shared_extras: nnx.Module | None = None,
-               rngs: nnx.Rngs):
+               layer_index: int = 0, rngs: nnx.Rngs):
     if qkv_dim % num_heads:
       raise ValueError(f"qkv_dim ({qkv_dim}) must be a multiple of num_heads ({num_heads}).")
     self.kind, args = split_spec(spec)
@@ -78,7 +79,7 @@ class MultiHeadAttention(nnx.Module):
     else:
       self.extras = attention_extras.make_extras(
           self.kind, args, num_heads=num_heads, head_dim=head_dim, max_length=max_length,
-          rngs=rngs)
+          rngs=rngs, layer_index=layer_index)
 
   def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
     """x: `[B, L, E]`; key_mask: `[B, L]` bool (True = real token); rng: key or None (eval)."""

@@ -89,12 +89,13 @@ class Block(nnx.Module):
   """Pre-LayerNorm transformer block."""
 
   def __init__(self, cfg: Mapping[str, Any], spec: Mapping[str, Any], *, max_length: int,
-               causal: bool = False, shared_extras=None, rngs: nnx.Rngs):
+               causal: bool = False, shared_extras=None, layer_index: int = 0,
+               rngs: nnx.Rngs):
     e = cfg["emb_dim"]
     self.ln_attn = layer_norm(rngs, e)
     self.attention = MultiHeadAttention(
         e, cfg["num_heads"], cfg["qkv_dim"], spec, max_length=max_length, causal=causal,
-        shared_extras=shared_extras, rngs=rngs)
+        shared_extras=shared_extras, layer_index=layer_index, rngs=rngs)
     self.ln_mlp = layer_norm(rngs, e)
     self.mlp = MLP(e, cfg["mlp_dim"], cfg["dropout"], rngs=rngs)
     self.dropout_rate = cfg["dropout"]
@@ -124,7 +125,7 @@ class Encoder(nnx.Module):
     specs = layer_specs(cfg["attention"], cfg.get("layer_attention", ()), cfg["num_layers"])
     shared = {}
     blocks = []
-    for spec in specs:
+    for i, spec in enumerate(specs):
       kind, args = split_spec(spec)
       extras = None
       if kind == "linformer" and args.get("sharing") == "layer":
@@ -134,7 +135,7 @@ class Encoder(nnx.Module):
               head_dim=cfg["qkv_dim"] // cfg["num_heads"], max_length=max_length, rngs=rngs)
         extras = shared[kind]
       blocks.append(Block(cfg, spec, max_length=max_length, causal=causal,
-                          shared_extras=extras, rngs=rngs))
+                          shared_extras=extras, layer_index=i, rngs=rngs))
     self.blocks = nnx.List(blocks)
     self.ln_final = layer_norm(rngs, cfg["emb_dim"])
     self.dropout_rate = cfg["dropout"]
