@@ -240,12 +240,10 @@ def analyse(header: dict, records: list, impls_order: list) -> dict:
   """Adds floor_s and x_floor to each ok record; returns {group: [impl names in order]}."""
   rate = header.get("matmul", {}).get("flops_per_s")
   groups = {}
-  for name in impls_order:
-    for r in records:
-      if r["impl"] == name:
-        groups.setdefault(r["group"], [])
-        if name not in groups[r["group"]]:
-          groups[r["group"]].append(name)
+  for name in dict.fromkeys(impls_order):
+    group = next((r["group"] for r in records if r["impl"] == name), None)
+    if group is not None:
+      groups.setdefault(group, []).append(name)
   for r in records:
     flops = r.get("flops_fwd")
     r["floor_s"] = flops * BWD_FACTOR[r["mode"]] / rate if flops and rate else None
@@ -254,10 +252,8 @@ def analyse(header: dict, records: list, impls_order: list) -> dict:
 
 
 def _lookup(records, impl, mode, n):
-  for r in records:
-    if r["impl"] == impl and r["mode"] == mode and r["n"] == n and r.get("status") == "ok":
-      return r
-  return None
+  return next((r for r in records if r["impl"] == impl and r["mode"] == mode and r["n"] == n
+               and r.get("status") == "ok"), None)
 
 
 def render_markdown(header: dict, records: list, impls_order: list) -> str:
@@ -274,9 +270,9 @@ def render_markdown(header: dict, records: list, impls_order: list) -> str:
          f"float32 matmul rate measured in this run: "
          f"{_fmt(mm.get('flops_per_s') and mm['flops_per_s'] / 1e9, '{:.0f}')} GFLOP/s (best of "
          + ", ".join(f"{k}^3: {v / 1e9:.0f}" for k, v in mm.get("rates", {}).items()) + ").",
-         "Times are medians (min beside) after one warm-up call; floor = FLOPs of the impl's "
-         "pattern (x3 for fwd+bwd) / matmul rate; peak RSS = whole process; +RSS = peak increase "
-         "over the process's RSS right before the first call. Speedup = peer time / "
+         "Times are medians (min beside) after one warm-up call; floor = FLOPs of the pattern the "
+         "impl computes (x3 for fwd+bwd) / matmul rate; peak RSS = whole process; +RSS = peak "
+         "increase over the process's RSS right before the first call. Speedup = peer time / "
          "first-impl time.", ""]
   for group, names in groups.items():
     subject, peers = names[0], names[1:]
