@@ -38,8 +38,11 @@ def _check_ok(r):
   assert r["framework_version"]
 
 
-def test_child_runs_one_tiny_point_per_jax_impl():
-  # Two children at a time (the machine has 2 cores); band also runs forward+backward.
+def test_child_runs_one_tiny_point_per_jax_impl(monkeypatch):
+  # Two children at a time (the machine has 2 cores), compiled with few XLA optimisations (no
+  # timing is checked); band also runs forward+backward.
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "")
+                     + " --xla_backend_optimization_level=0")
   specs = [_spec(name) for name in JAX_IMPLS] + [_spec("band", n=200, mode="fwdbwd")]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     results = list(pool.map(lambda s: harness.run_child(s, timeout=120), specs))
