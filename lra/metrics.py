@@ -4,9 +4,10 @@ Steps return sums (`loss_sum`, `correct`, `weight`, and for language models `tok
 means, so batches with padding examples and multi-device splits add up exactly; `summarise`
 turns sums into loss, accuracy and, for language models, bits per character.
 
-TensorBoard: the pinned stack has no TensorFlow-free summary writer (`flax.metrics.tensorboard`
-imports TensorFlow; tensorboardX and clu are not dependencies), so metrics go to
-`<workdir>/metrics.jsonl`, one JSON object per line: `{"step": ..., "split": ..., ...}`.
+`MetricWriter` appends every record to `<workdir>/metrics.jsonl`, one JSON object per line:
+`{"step": ..., "split": ..., ...}`, and writes the same numbers as TensorBoard scalars
+`<split>/<name>` (`train/loss`, `validation/accuracy`, ...) to `<workdir>/tensorboard/` with
+`lra.tensorboard`, which needs no TensorFlow.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any, Mapping
 
 import jax
 import numpy as np
+
+from lra import tensorboard
 
 
 def summarise(sums: Mapping[str, Any], *, bits_per_char: bool = False) -> dict[str, float]:
@@ -40,11 +43,15 @@ def add_sums(total: dict[str, Any] | None, sums: Mapping[str, Any]) -> dict[str,
 
 
 class MetricWriter:
-  """Appends metric records to `<workdir>/metrics.jsonl` (process 0 only)."""
+  """Appends metric records to `<workdir>/metrics.jsonl` and TensorBoard scalars to
+  `<workdir>/tensorboard/` (process 0 only). Both are on disk after every `write`; `close()`
+  closes the event file (it is also closed when the writer is garbage collected)."""
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tensorboard_dir = os.path.join(workdir, "tensorboard")
     self.enabled = jax.process_index() == 0
+    self._summaries: tensorboard.SummaryWriter | None = None  # created on the first write
 
   def write(self, step: int, split: str, metrics: Mapping[str, float]) -> None:
     for name, value in metrics.items():
@@ -57,6 +64,17 @@ class MetricWriter:
     record = {"step": int(step), "split": split, "time": round(time.time(), 3), **metrics}
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
+    if self._summaries is None:
+      self._summaries = tensorboard.SummaryWriter(self.tensorboard_dir)
+    for name, value in metrics.items():
+      if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+        self._summaries.scalar(f"{split}/{name}", float(value), int(step))
+    self._summaries.flush()
+
+  def close(self) -> None:
+    if self._summaries is not None:
+      self._summaries.close()
+      self._summaries = None
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:

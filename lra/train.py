@@ -8,7 +8,8 @@ model inside, and applies optax AdamW directly. Parameters are created directly 
 
 The workdir holds: `config.json` (the resolved config), `checkpoints/` (state + data iterator
 position, periodic and final, newest `keep_checkpoints` kept), `best/` (the parameters with the
-best validation accuracy), `metrics.jsonl`, and `results.json` (final test evaluation).
+best validation accuracy), `metrics.jsonl`, `tensorboard/` (the same metrics as TensorBoard
+scalars) and `results.json` (final test evaluation).
 Re-running in the same workdir resumes exactly where the last checkpoint left off. Ctrl-C saves
 a checkpoint and returns with `results["interrupted"] = True`.
 """
@@ -307,6 +308,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     ckpt.save(step, state, data_state(), force=True)
     ckpt.close()
     best_ckpt.close()
+    writer.close()
     print(f"Saved a checkpoint at step {step} in {ckpt.directory}; rerun the same command to "
           f"continue.", flush=True)
     return {"interrupted": True, "step": step, "state": state}
@@ -344,4 +346,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   _write_json(os.path.join(workdir, "results.json"), results)
   ckpt.close()
   best_ckpt.close()
+  writer.close()
   return {**results, "interrupted": False, "state": state}
