@@ -35,9 +35,10 @@ def default_block_size(window: int) -> int:
   """A block size for a one-sided window: small enough to waste little, large enough for BLAS.
 
   With block b and window w each query computes (2 ceil(w/b) + 1) b scores for its 2w + 1 keys,
-  so blocks of about w/4 waste ~12%. Blocks below 32 make the matmuls too small to run well.
+  so blocks of w/2 waste 25%. Smaller blocks waste less but make the matmuls too small to run
+  well (measured on CPU at w = 256: b = 128 beats 64 and 256; see docs/benchmarks.md).
   """
-  return int(min(128, max(32, 2 ** math.ceil(math.log2(max(window, 1) / 4)))))
+  return int(min(128, max(32, 2 ** math.ceil(math.log2(max(window, 1) / 2)))))
 
 
 def _band_core(q, k, v, key_ok, *, window: int, dilation: int, causal: bool, block: int):

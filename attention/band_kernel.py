@@ -27,7 +27,7 @@ import numpy as np
 from attention.dot_product import NEG_INF
 
 # Score elements per scan step: keeps the per-chunk score tensor (and its exp) in cache.
-CHUNK_SCORE_ELEMENTS = 1 << 19
+CHUNK_SCORE_ELEMENTS = 1 << 18
 
 
 def choose_chunk(num_blocks: int, rows: int, block: int, width: int) -> int:
