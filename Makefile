@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-core
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
 
-.PHONY: demo test bench venv bench-venv
+.PHONY: demo test bench bench-demo venv bench-venv
 
 $(STAMP): setup.py
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,12 @@ $(STAMP): setup.py
 
 venv: $(STAMP)
 
+# The main job: train ListOps (generated data, CPU-sized model) and report test accuracy.
 demo: $(STAMP)
+	$(VENV)/bin/lra run listops --size small
+
+# A short run of the attention benchmark (JAX implementations; torch peers when installed).
+bench-demo: $(STAMP)
 	$(VENV)/bin/python benchmarks/attention.py --demo
 
 test: $(STAMP)
