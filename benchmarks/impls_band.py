@@ -54,7 +54,7 @@ def dense_flops(n: int, batch: int, heads: int, head_dim: int) -> float:
 # JAX
 
 
-def _jax_step(attend, n: int, mode: str, batch: int, heads: int, head_dim: int):
+def jax_step(attend, n: int, mode: str, batch: int, heads: int, head_dim: int):
   """Compiles `attend(q, k, v)` (mode "fwd") or its VJP w.r.t. q, k, v (mode "fwdbwd")."""
   import jax
   import jax.numpy as jnp
@@ -88,7 +88,7 @@ def build_band(n: int, mode: str, batch: int, heads: int, head_dim: int):
   """Step of `attention.band_attention` with window 256."""
   from attention import band_attention
 
-  return _jax_step(lambda q, k, v: band_attention(q, k, v, window=WINDOW), n, mode, batch,
+  return jax_step(lambda q, k, v: band_attention(q, k, v, window=WINDOW), n, mode, batch,
                    heads, head_dim)
 
 
@@ -96,7 +96,7 @@ def build_dense_jax(n: int, mode: str, batch: int, heads: int, head_dim: int):
   """Step of `jax.nn.dot_product_attention(implementation="xla")`, full attention."""
   import jax
 
-  return _jax_step(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"),
+  return jax_step(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"),
                    n, mode, batch, heads, head_dim)
 
 
@@ -104,7 +104,7 @@ def build_dense_ours(n: int, mode: str, batch: int, heads: int, head_dim: int):
   """Step of `attention.dot_product_attention`, full attention."""
   from attention import dot_product_attention
 
-  return _jax_step(dot_product_attention, n, mode, batch, heads, head_dim)
+  return jax_step(dot_product_attention, n, mode, batch, heads, head_dim)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 
+from benchmarks import impls_band
+
 PROJECTED = 256       # Linformer projected length k
 LSH_HASHES = 4
 LSH_CHUNK = 128
@@ -57,32 +59,7 @@ def synthesizer_dense_flops(n: int, batch: int, heads: int, head_dim: int) -> fl
   return float(batch * heads) * per_head
 
 
-def _jax_step(attend, n: int, mode: str, batch: int, heads: int, head_dim: int):
-  """Compiles `attend(q, k, v)` (mode "fwd") or its VJP w.r.t. q, k, v (mode "fwdbwd")."""
-  import jax
-  import jax.numpy as jnp
-
-  kq, kk, kv, kc = jax.random.split(jax.random.key(SEED), 4)
-  shape = (batch, n, heads, head_dim)                                # [B, L, H, D]
-  q, k, v = (jax.random.normal(key, shape, jnp.float32) for key in (kq, kk, kv))
-  if mode == "fwd":
-    fn, args = jax.jit(attend), (q, k, v)
-  elif mode == "fwdbwd":
-    ct = jax.random.normal(kc, shape, jnp.float32)
-
-    def fwd_bwd(q, k, v, ct):
-      out, vjp = jax.vjp(attend, q, k, v)
-      return out, vjp(ct)
-
-    fn, args = jax.jit(fwd_bwd), (q, k, v, ct)
-  else:
-    raise ValueError(f"mode must be 'fwd' or 'fwdbwd', got {mode!r}.")
-  compiled = fn.lower(*args).compile()
-
-  def step():
-    jax.block_until_ready(compiled(*args))
-
-  return step
+_jax_step = impls_band.jax_step
 
 
 def _normal(seed: int, shape, scale: float):

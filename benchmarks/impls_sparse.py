@@ -94,7 +94,7 @@ def build_bigbird(n: int, mode: str, batch: int, heads: int, head_dim: int):
   """Step of `attention.bigbird_attention` (block 128, g = 2, r = 2, seed 0)."""
   from attention import bigbird_attention
 
-  return impls_band._jax_step(
+  return impls_band.jax_step(
       lambda q, k, v: bigbird_attention(q, k, v, block_size=BB_BLOCK,
                                         num_global_blocks=BB_GLOBAL,
                                         num_random_blocks=BB_RANDOM, seed=BB_SEED),
@@ -107,7 +107,7 @@ def build_sparse(n: int, mode: str, batch: int, heads: int, head_dim: int, *, pa
   from attention import sparse_attention
 
   extra = dict(summary_width=SUMMARY) if pattern == "fixed" else {}
-  return impls_band._jax_step(
+  return impls_band.jax_step(
       lambda q, k, v: sparse_attention(q, k, v, pattern=pattern, stride=STRIDE, causal=causal,
                                        **extra),
       n, mode, batch, heads, head_dim)
