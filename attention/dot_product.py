@@ -51,10 +51,7 @@ def dot_product_attention(q, k, v, *, mask=None, causal: bool = False, key_mask=
     `[B, Lq, H, Dv]` in q's dtype.
   """
   b, lq, lk, h, d = validation.check_qkv(q, k, v)
-  validation.check_token_mask("key_mask", key_mask, b, lk)
-  validation.check_token_mask("query_mask", query_mask, b, lq)
-  if query_mask is None and key_mask is not None and lq == lk:
-    query_mask = key_mask
+  query_mask = validation.token_masks(key_mask, query_mask, b, lq, lk)
 
   allowed = jnp.ones((1, 1, lq, lk), bool)
   if mask is not None:

@@ -121,14 +121,11 @@ def linformer_attention(q, k, v, *, proj_k, proj_v, key_mask=None, query_mask=No
         "position, including future ones. Use causal=False, or a causal attention "
         "(dot_product, band, lsh) for autoregressive models.")
   b_, lq, lk, h, _ = validation.check_qkv(q, k, v)
-  validation.check_token_mask("key_mask", key_mask, b_, lk)
-  validation.check_token_mask("query_mask", query_mask, b_, lq)
+  query_mask = validation.token_masks(key_mask, query_mask, b_, lq, lk)
   _check_projection("proj_k", proj_k, lk, h)
   _check_projection("proj_v", proj_v, lk, h)
   if np.shape(proj_k)[-1] != np.shape(proj_v)[-1]:
     raise ValueError(
         f"proj_k and proj_v must project to the same number of slots, got shapes "
         f"{tuple(np.shape(proj_k))} and {tuple(np.shape(proj_v))}.")
-  if query_mask is None and key_mask is not None and lq == lk:
-    query_mask = key_mask
   return _linformer(q, k, v, jnp.asarray(proj_k), jnp.asarray(proj_v), key_mask, query_mask)

@@ -137,10 +137,7 @@ def synthesizer_attention(q, k, v, *, dense=None, random=None, factorized_dense=
     `[B, Lq, H, Dv]` in q's dtype.
   """
   b_, lq, lk, h, d = validation.check_qkv(q, k, v)
-  validation.check_token_mask("key_mask", key_mask, b_, lk)
-  validation.check_token_mask("query_mask", query_mask, b_, lq)
-  if query_mask is None and key_mask is not None and lq == lk:
-    query_mask = key_mask
+  query_mask = validation.token_masks(key_mask, query_mask, b_, lq, lk)
 
   parts = []
   if dense is not None:

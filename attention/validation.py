@@ -46,6 +46,18 @@ def check_token_mask(name: str, mask, batch: int, length: int) -> None:
     raise ValueError(f"{name} must be boolean (True = real token), got dtype {dtype}.")
 
 
+def token_masks(key_mask, query_mask, batch: int, q_length: int, k_length: int):
+  """Checks `key_mask [B, Lk]` and `query_mask [B, Lq]`; returns the query mask to apply.
+
+  `query_mask` defaults to `key_mask` for self-attention (q and k of the same length).
+  """
+  check_token_mask("key_mask", key_mask, batch, k_length)
+  check_token_mask("query_mask", query_mask, batch, q_length)
+  if query_mask is None and key_mask is not None and q_length == k_length:
+    return key_mask
+  return query_mask
+
+
 def check_window(window) -> int:
   """Checks a one-sided window size: a non-negative Python int."""
   if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
