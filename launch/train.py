@@ -16,22 +16,22 @@ import os
 import sys
 from typing import Any, Sequence
 
+import importlib
+
 import ml_collections
 
-from configs import listops as listops_config
-
-# Task name -> its config module (get_config(arg), sweep(add)).
-CONFIGS = {
-    "listops": listops_config,
-}
+# Task name -> its config module (get_config(arg), sweep(add)), imported when first used.
+CONFIGS = {task: f"configs.{task}" for task in (
+    "listops", "text", "retrieval", "image", "pathfinder", "pathx", "enwik8", "text8")}
 
 
 def config_module(task: str):
   try:
-    return CONFIGS[task]
+    module = CONFIGS[task]
   except KeyError:
     raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(CONFIGS))}.") \
         from None
+  return importlib.import_module(module)
 
 
 def _parse_value(text: str, current: Any) -> Any:

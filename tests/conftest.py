@@ -8,3 +8,10 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_default_matmul_precision", "highest")
+
+import tempfile  # noqa: E402
+
+# Data defaults (~/lra_data) point into a throwaway folder: no test reads or writes the user's
+# data, and no test downloads anything (every `download` default is overridden by the tests that
+# build from archives, and this folder starts empty).
+os.environ["LRA_DATA"] = tempfile.mkdtemp(prefix="lra-test-data-")

@@ -25,8 +25,8 @@ PYTHONHASHSEED). Ids: 0 padding, 1-10 the digits 0-9, 11 `[MIN`, 12 `[MAX`, 13 `
 15 `]`, 16 unknown token.
 
 Storage: a tfds GeneratorBasedBuilder writes array_record files (no TensorFlow needed) with one
-BuilderConfig per data origin: `released` (from the TSVs in data_dir) or one named after the
-generator settings. `get_source` builds the dataset when missing and returns a random-access
+BuilderConfig per data origin: `released` (from the TSVs under manual_dir or data_dir) or one
+named after the generator settings. `get_source` builds the dataset when missing and returns a random-access
 source of padded `int32` examples for grain.
 """
 
@@ -39,10 +39,11 @@ import logging
 import os
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
-from etils import epath
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
+
+from lra import archives, datasets
 
 NAME = "listops"
 NUM_CLASSES = 10
@@ -61,22 +62,22 @@ END_ID = TOKEN_TO_ID["]"]
 VALUE_P = 0.25                    # P(operator) at depth < max_depth; _draw_levels assumes 1/4
 _ROOTS_PER_ROUND = 2048           # trees drawn together by the vectorised generator
 
-SPLITS = ("train", "validation", "test")
+SPLITS = datasets.SPLITS
 RELEASED_FILES = {"train": "basic_train.tsv", "validation": "basic_val.tsv",
                   "test": "basic_test.tsv"}
 RELEASED_DIRS = ("lra_release/listops-1000", "lra_release/lra_release/listops-1000",
                  "listops-1000", ".")
-RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
+RELEASE_URL = archives.LRA_RELEASE.url
 
 log = logging.getLogger(__name__)
 
 
 def data_config() -> ml_collections.ConfigDict:
   """Data settings with the LRA defaults; configs override fields (sizes, lengths, data_dir)."""
-  c = ml_collections.ConfigDict()
-  c.data_dir = "~/lra_data/listops"  # tfds datasets, and released TSVs under lra_release/...
+  c = datasets.data_fields(NAME)    # data_dir, manual_dir (released TSVs), download
   c.max_length = 2000                # tokens per example after truncation/padding
   c.generate = True                  # without released TSVs, build from the generator
+  c.download = False                 # never fetch the 8.2 GB release just for ListOps
   c.num_train = 96_000
   c.num_val = 2_000
   c.num_test = 2_000
@@ -346,27 +347,18 @@ class ListOpsConfig(tfds.core.BuilderConfig):
   seed: int = 0
 
 
-class ListOpsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class ListOpsBuilder(datasets.Builder, skip_registration=True):
   """ListOps as variable-length uint8 token ids and an int32 label; prepare as array_record."""
 
   name = "lra_listops"
-  VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Released LRA TSVs or the seeded generator; fixed vocabulary."}
-  BUILDER_CONFIGS = []  # configs are made by `builder_config(data_cfg)`
-
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path:
-    # tfds' default lookup goes through importlib_resources, which is not a dependency here.
-    return epath.Path(__file__)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self,
         description=__doc__,
         features=tfds.features.FeaturesDict({
-            "inputs": tfds.features.Tensor(shape=(None,), dtype=np.uint8,  # ids, no padding
-                                          encoding=tfds.features.Encoding.BYTES),
+            "inputs": datasets.token_feature(),  # ids, no padding
             "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
         }),
         homepage="https://github.com/google-research/long-range-arena",
@@ -398,29 +390,37 @@ class ListOpsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                   unknown, UNK_ID)
 
 
-def find_released(data_dir: str) -> str | None:
-  """The directory under data_dir holding all released TSVs, or None."""
-  for sub in RELEASED_DIRS:
-    d = os.path.normpath(os.path.join(data_dir, sub))
-    if all(os.path.isfile(os.path.join(d, f)) for f in RELEASED_FILES.values()):
-      return d
+def find_released(*dirs: str) -> str | None:
+  """The first directory under any of `dirs` holding all released TSVs, or None."""
+  for base in dirs:
+    for sub in RELEASED_DIRS:
+      d = os.path.normpath(os.path.join(os.path.expanduser(base), sub))
+      if all(os.path.isfile(os.path.join(d, f)) for f in RELEASED_FILES.values()):
+        return d
   return None
 
 
 def builder_config(data_cfg: ml_collections.ConfigDict) -> ListOpsConfig:
-  """The BuilderConfig for data_cfg: released TSVs when present, else the generator settings."""
+  """The BuilderConfig for data_cfg: released TSVs when present, else the generator settings.
+
+  The TSVs are looked for in the LRA release layout under `manual_dir`, then under `data_dir`;
+  with `generate=False` and no TSVs, the release is extracted from `manual_dir/lra_release.gz`
+  (or downloaded, with `download=True`).
+  """
   data_dir = os.path.expanduser(data_cfg.data_dir)
-  released = find_released(data_dir)
+  manual_dir = os.path.expanduser(data_cfg.manual_dir)
+  released = find_released(manual_dir, data_dir)
+  if not released and not data_cfg.generate:
+    try:
+      archives.release_path(manual_dir, "listops-1000", download=data_cfg.download)
+    except archives.DataMissingError as e:
+      raise archives.DataMissingError(
+          f"ListOps TSVs ({', '.join(RELEASED_FILES.values())}) not found. {e} Or set "
+          f"data.generate=True to build the dataset from the ListOps generator.") from None
+    released = find_released(manual_dir)
   if released:
     return ListOpsConfig(name="released", released_dir=released,
                          description=f"LRA release TSVs from {released}.")
-  if not data_cfg.generate:
-    expected = os.path.join(data_dir, RELEASED_DIRS[0])
-    raise FileNotFoundError(
-        f"ListOps data not found: expected {', '.join(RELEASED_FILES.values())} in {expected} "
-        f"(the layout of the LRA release {RELEASE_URL}: extract it into {data_dir}, or copy the "
-        f"three files of lra_release/listops-1000 there). Or set data.generate=True to build "
-        f"the dataset from the ListOps generator.")
   c = data_cfg
   name = (f"generated_len{c.gen_min_length}to{c.gen_max_length}_depth{c.max_depth}"
           f"_args{c.max_args}_n{c.num_train}x{c.num_val}x{c.num_test}_seed{c.seed}")
@@ -435,56 +435,45 @@ def build(data_cfg: ml_collections.ConfigDict) -> ListOpsBuilder:
   """Prepares the array_record dataset for data_cfg if it is not there yet; returns the builder."""
   builder = ListOpsBuilder(config=builder_config(data_cfg),
                            data_dir=os.path.expanduser(data_cfg.data_dir))
-  if not builder.is_prepared():
-    log.info("ListOps: preparing %s in %s", builder.builder_config.name, builder.data_dir)
-    builder.download_and_prepare(
-        file_format="array_record",
-        download_config=tfds.download.DownloadConfig(
-            compute_stats=tfds.download.ComputeStatsMode.SKIP))
-  return builder
+  return datasets.prepare(builder, NAME)
 
 
-class PaddedSource:
-  """Random access to one split: {"inputs": int32 [max_length] (0 = padding), "targets": int32}.
+def prepare(data_cfg: ml_collections.ConfigDict) -> str:
+  """Builds the dataset for data_cfg if needed; returns its folder."""
+  return os.fspath(build(data_cfg).data_dir)
 
-  Longer examples keep their first max_length tokens (as LRA does).
+
+def status(data_cfg: ml_collections.ConfigDict) -> datasets.Status:
+  """Whether the dataset for data_cfg is prepared; if not, where it will come from."""
+  data_dir = os.path.expanduser(data_cfg.data_dir)
+  released = find_released(os.path.expanduser(data_cfg.manual_dir), data_dir)
+  if released or data_cfg.generate:
+    builder = ListOpsBuilder(config=builder_config(data_cfg), data_dir=data_dir)
+    if builder.is_prepared():
+      return datasets.Status(NAME, True, os.fspath(builder.data_dir))
+    origin = f"the released TSVs in {released}" if released else "the ListOps generator"
+    return datasets.Status(NAME, False, f"built from {origin} on first use (or by `lra data "
+                                        f"prepare listops`).")
+  builder = ListOpsBuilder(config=ListOpsConfig(name="released"), data_dir=data_dir)
+  present = archives.find_release_path(data_cfg.manual_dir, "listops-1000") is not None
+  return datasets.archive_status(NAME, builder, [(archives.LRA_RELEASE, data_cfg.manual_dir)],
+                                 present=[present])
+
+
+def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> datasets.PaddedSource:
+  """A random-access source for `split` ("train", "validation" or "test"); builds data if needed.
+
+  Examples are {"inputs": int32 [max_length] (0 = padding), "targets": int32}; longer examples
+  keep their first max_length tokens (as LRA does).
   """
-
-  def __init__(self, source, max_length: int):
-    self._source = source
-    self.max_length = int(max_length)
-
-  def __len__(self) -> int:
-    return len(self._source)
-
-  def _pad(self, record: dict) -> dict:
-    ids = record["inputs"][:self.max_length]
-    inputs = np.zeros(self.max_length, np.int32)  # [L]
-    inputs[:len(ids)] = ids
-    return {"inputs": inputs, "targets": np.int32(record["targets"])}
-
-  def __getitem__(self, index: int) -> dict:
-    if not 0 <= index < len(self._source):
-      raise IndexError(f"index {index} out of range for a split of {len(self._source)} examples.")
-    return self._pad(self._source[int(index)])
-
-  def __getitems__(self, indices: Sequence[int]) -> list[dict]:
-    return [self._pad(r) for r in self._source.__getitems__([int(i) for i in indices])]
-
-  def __repr__(self) -> str:
-    return f"PaddedSource({self._source!r}, max_length={self.max_length})"
-
-
-def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> PaddedSource:
-  """A random-access source for `split` ("train", "validation" or "test"); builds data if needed."""
-  if split not in SPLITS:
-    raise ValueError(f"unknown ListOps split {split!r}; valid splits: {', '.join(SPLITS)}.")
+  datasets.check_split(NAME, split)
   builder = build(data_cfg)
   if (not builder.builder_config.released_dir
       and data_cfg.gen_max_length - 1 > data_cfg.max_length):
     log.warning("ListOps: generated examples have up to %d tokens but max_length is %d; longer "
                 "ones are truncated.", data_cfg.gen_max_length - 1, data_cfg.max_length)
-  return PaddedSource(builder.as_data_source(split=split), data_cfg.max_length)
+  return datasets.PaddedSource(builder.as_data_source(split=split),
+                               {"inputs": data_cfg.max_length})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
