@@ -2,9 +2,12 @@
 
   lra run TASK [--attention NAME] [--size base|small] [--workdir DIR] [--config.x=y ...]
   lra list
+  lra data status [--size base|small] [--manual_dir DIR]
+  lra data prepare TASK [--size base|small] [--manual_dir DIR] [--no-download]
 
 `run` trains and evaluates a task (see launch/train.py); `list` prints the tasks and the
-attention kinds. Unknown names fail with the list of valid ones.
+attention kinds; `data` shows which datasets are ready and builds one (see launch/data.py).
+Unknown names fail with the list of valid ones.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from launch import data as data_launcher
 from launch import train as train_launcher
 
 
@@ -31,7 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   sub = parser.add_subparsers(dest="command", required=True)
   train_launcher.add_run_arguments(sub.add_parser("run", help="train and evaluate a task"))
   sub.add_parser("list", help="list tasks and attention kinds")
+  data_launcher.add_arguments(sub.add_parser("data", help="dataset status and preparation"))
   args = parser.parse_args(rest)
+  if args.command == "data":
+    return data_launcher.run(args, overrides)
   if args.command == "list":
     if overrides:
       parser.error("--config.* overrides only apply to `lra run`.")

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -31,6 +32,22 @@ from lra import archives
 BYTE_OFFSET = 1          # stored byte/pixel value v is token id v + 1; 0 is padding
 BYTE_VOCAB_SIZE = 257    # padding + 256 byte values
 SPLITS = ("train", "validation", "test")
+
+
+class _QuietConfigNotes(logging.Filter):
+  """Drops tfds' notes about our (intentionally unregistered) builder configs.
+
+  Every builder here makes its config from the data settings, so tfds would log "Using custom
+  data configuration" and "Variant folder ... has no dataset_info.json" at each data access.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    msg = record.getMessage()
+    return not (msg.startswith("Using custom data configuration")
+                or (msg.startswith("Variant folder") and "has no dataset_info.json" in msg))
+
+
+logging.getLogger("absl").addFilter(_QuietConfigNotes())
 
 
 def data_fields(task: str) -> ml_collections.ConfigDict:

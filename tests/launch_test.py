@@ -47,3 +47,26 @@ def test_split_overrides_accepts_both_spellings():
 def test_default_workdir_names_the_run():
   c = launcher.build_config("listops", attention="band", size="small")
   assert launcher.default_workdir("listops", c) == "workdirs/listops-band-small"
+
+
+def test_data_status_and_prepare(tmp_path, monkeypatch, capsys):
+  monkeypatch.setenv("LRA_DATA", str(tmp_path))
+  overrides = ["--config.data.num_train=40", "--config.data.num_val=8",
+               "--config.data.num_test=8"]
+  assert cli.main(["data", "status", "--size", "small"]) == 0
+  out = capsys.readouterr().out
+  assert f"data root: {tmp_path}" in out
+  lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+  assert set(lines) == {"listops", "text", "retrieval", "image", "pathfinder", "pathx",
+                        "enwik8", "text8"}
+  assert "missing" in lines["listops"] and "generator" in lines["listops"]
+  assert cli.main(["data", "prepare", "listops", "--size", "small", *overrides]) == 0
+  assert "listops: dataset ready in " + str(tmp_path / "listops") in capsys.readouterr().out
+  assert cli.main(["data", "status", "--size", "small", *overrides]) == 2  # prepare-only flags
+  # A missing release: the error names the address and the directory, exit status 2.
+  assert cli.main(["data", "prepare", "listops", "--manual_dir", str(tmp_path / "m"),
+                   "--config.data.generate=false"]) == 2
+  err = capsys.readouterr().err
+  assert "lra_release.gz" in err and str(tmp_path / "m") in err
+  assert cli.main(["data", "prepare", "listops_x"]) == 2
+  assert "valid names: enwik8" in capsys.readouterr().err
