@@ -1,0 +1,216 @@
+"""Tests for lra.tasks.pathfinder_generator: images, labels against a flood fill, the release
+layout it writes, determinism, settings errors, and the PIL-equivalent drawing."""
+
+import os
+
+import numpy as np
+import pytest
+
+from lra import png
+from lra.tasks import pathfinder_generator as gen
+from lra.tasks import pathfinder_snakes as snakes
+
+
+def _reaches(image: np.ndarray, a, b, threshold: int) -> bool:
+  """Flood fill over 8-connected pixels >= threshold from a (whole-array dilation steps, not
+  the generator's own search); whether it reaches b."""
+  lit = image >= threshold
+  region = np.zeros_like(lit)
+  region[a] = lit[a]
+  while True:
+    padded = np.pad(region, 1)
+    grown = np.zeros_like(region)
+    for dy in range(3):
+      for dx in range(3):
+        grown |= padded[dy:dy + lit.shape[0], dx:dx + lit.shape[1]]
+    grown &= lit
+    if (grown == region).all():
+      return bool(region[b])
+    region = grown
+
+
+@pytest.fixture(scope="module")
+def images32():
+  """60 positives and 60 negatives at 32x32, hard (contour length 14)."""
+  labels = [0, 1] * 60
+  return labels, gen.generate_images(np.random.default_rng(11), labels, resolution=32)
+
+
+def test_flood_fill_from_one_marker_reaches_the_other_exactly_for_positives(images32):
+  labels, images = images32
+  assert [info["label"] for _, info in images] == labels
+  low, high = gen.FLOOD_FILL_RANGE[32]
+  for image, info in images:
+    a, b = info["markers"]
+    for threshold in (low, (low + high) // 2, high):
+      # Both markers are visible at every threshold, so an unreached marker means a break.
+      assert image[a] >= threshold and image[b] >= threshold
+      assert _reaches(image, a, b, threshold) == (info["label"] == 1), (info, threshold)
+  # Not a trivial layout: markers are usually far apart, and every image has distractors.
+  dist = [max(abs(i["markers"][0][0] - i["markers"][1][0]),
+              abs(i["markers"][0][1] - i["markers"][1][1])) for _, i in images]
+  assert np.median(dist) > 8
+  assert min(info["distractors"] for _, info in images) >= 1
+
+
+def test_flood_fill_check_can_fail():
+  """The test's flood fill is not vacuous: joining the markers with a line flips negatives."""
+  image, info = gen.generate_image(np.random.default_rng(3), label=0)
+  a, b = info["markers"]
+  low = gen.FLOOD_FILL_RANGE[32][0]
+  assert not _reaches(image, a, b, low)
+  joined = image.copy()
+  n = max(abs(a[0] - b[0]), abs(a[1] - b[1])) + 1
+  joined[np.linspace(a[0], b[0], n).round().astype(int),
+         np.linspace(a[1], b[1], n).round().astype(int)] = 255
+  assert _reaches(joined, a, b, low)
+
+
+@pytest.mark.parametrize("resolution", [32, 128])
+def test_shapes_dtypes_and_markers(resolution):
+  rng = np.random.default_rng(resolution)
+  for label in (0, 1):
+    image, info = gen.generate_image(rng, resolution=resolution, label=label)
+    assert image.dtype == np.uint8 and image.shape == (resolution, resolution)
+    assert info["label"] == label
+    assert info["margin"] in gen.PARAMS[resolution]["paddle_margins"]
+    assert image.max() == 255 and image.min() == 0     # byte-scaled like the original
+    for y, x in info["markers"]:
+      assert 0 <= y < resolution and 0 <= x < resolution
+      assert image[y, x] >= gen.FLOOD_FILL_RANGE[resolution][1]
+    assert (image >= 64).mean() < 0.3                        # lines on black, not a filled image
+
+
+def test_other_resolutions_and_lengths_draw():
+  rng = np.random.default_rng(5)
+  for resolution, length in ((64, 14), (256, 14), (32, 6), (32, 9)):
+    image, info = gen.generate_image(rng, resolution=resolution, label=1,
+                                     contour_length=length)
+    assert image.shape == (resolution, resolution)
+    assert _reaches(image, *info["markers"], gen.FLOOD_FILL_RANGE[resolution][1])
+
+
+def test_deterministic_for_a_seed():
+  labels = [1, 0, 0, 1, 1, 0]
+  first = gen.generate_images(np.random.default_rng(7), labels)
+  again = gen.generate_images(np.random.default_rng(7), labels)
+  other = gen.generate_images(np.random.default_rng(8), labels)
+  for (x, xi), (y, yi) in zip(first, again):
+    np.testing.assert_array_equal(x, y)
+    assert xi == yi
+  assert any((x != y).any() for (x, _), (y, _) in zip(first, other))
+
+
+def _read_metadata(folder: str) -> dict[int, list[list[str]]]:
+  rows = {}
+  for name in os.listdir(os.path.join(folder, "metadata")):
+    with open(os.path.join(folder, "metadata", name)) as f:
+      rows[int(name[:-len(".npy")])] = [line.split() for line in f.read().splitlines()]
+  return rows
+
+
+def test_write_dataset_layout_metadata_and_balance(tmp_path, capsys):
+  out = str(tmp_path / "pf")
+  gen.write_dataset(out, num_images=25, seed=4, images_per_batch=10)
+  assert "25/25 images" in capsys.readouterr().err
+  assert sorted(os.listdir(out)) == ["imgs", "metadata"]
+  assert sorted(os.listdir(os.path.join(out, "imgs"))) == ["0", "1", "2"]
+  rows = _read_metadata(out)
+  assert sorted(rows) == [0, 1, 2] and [len(rows[b]) for b in range(3)] == [10, 10, 5]
+  for batch, lines in rows.items():
+    labels = [int(f[3]) for f in lines]
+    assert abs(2 * sum(labels) - len(labels)) <= len(labels) % 2   # half of each label
+    assert sorted(os.listdir(os.path.join(out, "imgs", str(batch)))) == sorted(
+        f"sample_{i}.png" for i in range(len(lines)))
+    expected = [img for chunk in gen.batch_images(4, batch, len(lines)) for img in chunk]
+    for i, fields in enumerate(lines):
+      assert len(fields) == 11
+      assert fields[0] == f"imgs/{batch}" and fields[1] == f"sample_{i}.png"
+      assert int(fields[2]) == i and int(fields[3]) == expected[i][1]["label"]
+      assert fields[4:8] == ["1.0", "14", "4", "2"]      # continuity, lengths, paddle length
+      with open(os.path.join(out, fields[0], fields[1]), "rb") as f:
+        np.testing.assert_array_equal(png.decode_gray(f.read()), expected[i][0])
+  orders = [[int(f[3]) for f in rows[b]] for b in (0, 1)]
+  assert orders[0] != sorted(orders[0]) or orders[1] != sorted(orders[1])   # shuffled
+
+
+def test_write_dataset_is_deterministic_and_refuses_a_full_folder(tmp_path):
+  gen.write_dataset(str(tmp_path / "a"), num_images=6, seed=1)
+  (tmp_path / "b").mkdir()                                  # an empty folder is fine
+  gen.write_dataset(str(tmp_path / "b"), num_images=6, seed=1)
+  for name in ["metadata/0.npy"] + [f"imgs/0/sample_{i}.png" for i in range(6)]:
+    assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+  with pytest.raises(FileExistsError, match="not an empty folder"):
+    gen.write_dataset(str(tmp_path / "a"), num_images=6)
+
+
+def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
+  calls = []
+
+  def interrupted(*args, **kwargs):
+    if calls:
+      raise KeyboardInterrupt
+    calls.append(1)
+    return real(*args, **kwargs)
+
+  real = gen.generate_images
+  monkeypatch.setattr(gen, "generate_images", interrupted)
+  monkeypatch.setattr(gen, "PROGRESS_CHUNK", 4)
+  with pytest.raises(KeyboardInterrupt):
+    gen.write_dataset(str(tmp_path / "pf"), num_images=12)
+  assert calls and os.listdir(tmp_path) == []
+
+
+def test_bad_settings_name_the_valid_values(tmp_path, capsys):
+  rng = np.random.default_rng(0)
+  with pytest.raises(ValueError, match="valid resolutions: 32, 64, 128, 256"):
+    gen.generate_image(rng, resolution=48, label=1)
+  with pytest.raises(ValueError, match="valid lengths: 6, 9, 14"):
+    gen.generate_image(rng, label=1, contour_length=10)
+  with pytest.raises(ValueError, match="label must be 0 or 1"):
+    gen.generate_image(rng, label=2)
+  with pytest.raises(ValueError, match="valid lengths: 6, 9, 14"):
+    gen.write_dataset(str(tmp_path / "x"), num_images=2, contour_length=12)
+  with pytest.raises(SystemExit):
+    gen.main(["--output_dir", str(tmp_path / "y"), "--resolution", "100"])
+  assert "valid resolutions: 32, 64, 128, 256" in capsys.readouterr().err
+  assert not os.path.exists(tmp_path / "x") and not os.path.exists(tmp_path / "y")
+
+
+def test_command_line_writes_the_layout(tmp_path):
+  gen.main(["--output_dir", str(tmp_path / "cli"), "--num_images", "4", "--seed", "2",
+            "--contour_length", "6"])
+  (lines,) = _read_metadata(str(tmp_path / "cli")).values()
+  assert [f[1] for f in lines] == [f"sample_{i}.png" for i in range(4)]
+  assert sorted(int(f[3]) for f in lines) == [0, 0, 1, 1] and lines[0][5] == "6"
+
+
+def test_drawing_matches_pil():
+  """Lines are PIL's ImageDraw lines and shrinking is PIL's Lanczos resize, pixel for pixel
+  (the original drew with PIL; the library itself does not import it)."""
+  pil = pytest.importorskip("PIL.Image")
+  draw = pytest.importorskip("PIL.ImageDraw")
+  rng = np.random.default_rng(0)
+  for width in (1, 2, 3, 4):
+    for dy, dx in rng.integers(-12, 13, size=(40, 2)):
+      if dy == 0 and dx == 0:
+        continue
+      ours = snakes._raster_line(41, 20, (20 + dy, 20 + dx), width)
+      image = pil.new("F", (41, 41), "black")
+      draw.Draw(image).line([(20, 20), (20 + dx, 20 + dy)], fill="white", width=width)
+      np.testing.assert_array_equal(ours, np.asarray(image), err_msg=f"{width} {dy} {dx}")
+  for size_in, size_out in ((17, 9), (37, 19), (73, 37), (30, 15)):
+    blown = (rng.random((size_in, size_in)) > 0.7) * 255.0
+    ours = snakes.shrink(blown, size_out) * 255
+    theirs = pil.fromarray(blown.astype(np.uint8)).resize((size_out, size_out), pil.LANCZOS)
+    np.testing.assert_array_equal(np.round(ours), np.asarray(theirs))
+
+
+def test_lra_parameters():
+  """The LRA builder docstrings' settings (and the wrapper defaults they left alone)."""
+  p32, p128 = gen.PARAMS[32], gen.PARAMS[128]
+  assert (p32["paddle_length"], p32["paddle_thickness"], p32["seed_distance"],
+          p32["marker_radius"], p32["continuity"]) == (2, 0.5, 7, 1.5, 1.0)
+  assert p32["num_distractors"] // (14 // 3) == 5
+  assert p128["paddle_margins"] == (2, 3) and p128["num_distractors"] // (14 // 3) == 8
+  assert sorted(gen.PARAMS) == [32, 64, 128, 256]
