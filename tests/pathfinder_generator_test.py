@@ -214,3 +214,112 @@ def test_lra_parameters():
   assert p32["num_distractors"] // (14 // 3) == 5
   assert p128["paddle_margins"] == (2, 3) and p128["num_distractors"] // (14 // 3) == 8
   assert sorted(gen.PARAMS) == [32, 64, 128, 256]
+
+
+# ----------------------------------------------------------------------------------------------
+# The dashed style (the original's paddles).
+
+
+def _components(lit: np.ndarray) -> np.ndarray:
+  """int [H, W]: 8-connected component ids (from 1) of the True pixels, 0 elsewhere."""
+  ids = np.zeros(lit.shape, np.int64)
+  h, w = lit.shape
+  for start in zip(*np.nonzero(lit)):
+    if ids[start]:
+      continue
+    ids[start] = n = ids.max() + 1
+    stack = [start]
+    while stack:
+      y, x = stack.pop()
+      for v in range(max(y - 1, 0), min(y + 2, h)):
+        for u in range(max(x - 1, 0), min(x + 2, w)):
+          if lit[v, u] and not ids[v, u]:
+            ids[v, u] = n
+            stack.append((v, u))
+  return ids
+
+
+def _along(pivots) -> set:
+  """The pixels of the polyline through a snake's pivots."""
+  out = set()
+  for (y0, x0), (y1, x1) in zip(pivots[:-1], pivots[1:]):
+    for t in np.linspace(0.0, 1.0, 4 * max(abs(y1 - y0), abs(x1 - x0)) + 1):
+      out.add((int(round(y0 + t * (y1 - y0))), int(round(x0 + t * (x1 - x0)))))
+  return out
+
+
+def _pieces(image: np.ndarray, pivots, threshold: int) -> int:
+  """How many 8-connected lit pieces (pixels >= threshold) lie along a snake's path."""
+  ids = _components(image >= threshold)
+  return len({int(ids[p]) for p in _along(pivots)} - {0})
+
+
+@pytest.fixture(scope="module")
+def dashed32():
+  """15 positives and 15 negatives at 32x32, hard, dashed."""
+  labels = [1, 0] * 15
+  return labels, gen.generate_images(np.random.default_rng(11), labels, style="dashed")
+
+
+def test_dashed_paths_have_gaps_and_continuous_ones_none(images32, dashed32):
+  low, high = gen.FLOOD_FILL_RANGE[32]
+  labels, dashed = dashed32
+  assert [info["label"] for _, info in dashed] == labels
+  for threshold in (low, high):
+    for image, info in images32[1][:30]:
+      assert [_pieces(image, snake, threshold) for snake in info["paths"]] == [1, 1]
+    pieces = [_pieces(image, snake, threshold) for image, info in dashed
+              for snake in info["paths"]]
+    assert min(pieces) > 1 and np.median(pieces) >= 4, pieces     # 14 paddles, mostly apart
+  for image, info in dashed:
+    assert image.dtype == np.uint8 and image.shape == (32, 32)
+    assert image.max() == 255 and image.min() == 0 and (image >= 64).mean() < 0.3
+    a, b = info["markers"]
+    assert image[a] >= high and image[b] >= high
+    snake = info["paths"][0]           # the markers sit about a margin inside the end pivots
+    assert max(abs(a[0] - snake[0][0]), abs(a[1] - snake[0][1])) <= 2
+    end = snake[-1] if info["label"] else info["paths"][1][-1]
+    assert max(abs(b[0] - end[0]), abs(b[1] - end[1])) <= 2
+
+
+def test_dashed_is_deterministic_and_differs_from_continuous():
+  labels = [1, 0, 0, 1]
+  first = gen.generate_images(np.random.default_rng(7), labels, style="dashed")
+  again = gen.generate_images(np.random.default_rng(7), labels, style="dashed")
+  continuous = gen.generate_images(np.random.default_rng(7), labels)
+  for (x, xi), (y, yi), (z, _) in zip(first, again, continuous):
+    np.testing.assert_array_equal(x, y)
+    assert xi == yi
+    assert (x != z).any()
+  image, info = gen.generate_image(np.random.default_rng(3), label=1, resolution=128,
+                                   style="dashed")
+  assert image.shape == (128, 128) and info["label"] == 1
+
+
+def test_dashed_dataset_is_balanced_and_deterministic(tmp_path):
+  gen.write_dataset(str(tmp_path / "a"), num_images=10, seed=3, style="dashed")
+  gen.main(["--output_dir", str(tmp_path / "b"), "--num_images", "10", "--seed", "3",
+            "--style", "dashed"])
+  gen.write_dataset(str(tmp_path / "c"), num_images=10, seed=3)
+  (lines,) = _read_metadata(str(tmp_path / "a")).values()
+  assert sorted(int(f[3]) for f in lines) == [0] * 5 + [1] * 5
+  expected = [img for chunk in gen.batch_images(3, 0, 10, style="dashed") for img in chunk]
+  for i, fields in enumerate(lines):
+    assert int(fields[3]) == expected[i][1]["label"]
+    data = (tmp_path / "a" / fields[0] / fields[1]).read_bytes()
+    np.testing.assert_array_equal(png.decode_gray(data), expected[i][0])
+    assert data == (tmp_path / "b" / fields[0] / fields[1]).read_bytes()
+    assert data != (tmp_path / "c" / fields[0] / fields[1]).read_bytes()
+  assert ((tmp_path / "a" / "metadata" / "0.npy").read_bytes()
+          == (tmp_path / "b" / "metadata" / "0.npy").read_bytes())
+
+
+def test_bad_style_names_the_valid_values(tmp_path, capsys):
+  with pytest.raises(ValueError, match="valid styles: continuous, dashed"):
+    gen.generate_image(np.random.default_rng(0), label=1, style="dotted")
+  with pytest.raises(ValueError, match="valid styles: continuous, dashed"):
+    gen.write_dataset(str(tmp_path / "x"), num_images=2, style="Dashed")
+  with pytest.raises(SystemExit):
+    gen.main(["--output_dir", str(tmp_path / "y"), "--style", "solid"])
+  assert "valid styles: continuous, dashed" in capsys.readouterr().err
+  assert not os.path.exists(tmp_path / "x") and not os.path.exists(tmp_path / "y")

@@ -25,6 +25,13 @@ snakes with their markers touch no other object, so that thresholding the image 
 FLOOD_FILL_RANGE[resolution] and flood-filling (8-connected) from one marker reaches the other
 marker exactly when the label is 1. Each image is checked this way before it is returned.
 
+`style="dashed"` draws as the original instead, for data that looks like the LRA release: each
+segment shows only its middle `paddle_length` pixels (the original's gaps of about 2 margin
+around every pivot), the occupancy masks and free-space weights are those of these paddles, and
+the targets-apart rule is dropped (markers are drawn last, over whatever is there, as the
+original did). The pixels then no longer decide the label by a flood fill, so dashed images are
+not flood-fill checked; `style="continuous"` (the default) is as described above.
+
 `write_dataset` writes the LRA release layout (`imgs/<batch>/sample_<i>.png`, text
 `metadata/<batch>.npy`); `python -m lra.tasks.pathfinder_generator --output_dir D` runs it.
 """
@@ -69,13 +76,17 @@ MAX_ATTEMPTS = 20000            # attempts per image before giving up (the origi
 # dim lines (thickness 1, contrast 0.8) need a lower band.
 FLOOD_FILL_RANGE: dict[int, tuple[int, int]] = {32: (64, 100), 64: (40, 56), 128: (64, 100),
                                                 256: (64, 100)}
+STYLES = ("continuous", "dashed")  # pivot-to-pivot lines (the default); the original's paddles
 IMAGES_PER_BATCH = 1000         # images per imgs/<batch> folder
 PROGRESS_CHUNK = 256            # images generated between progress lines
 ATTEMPTS_PER_BATCH = 1024        # attempts drawn together at 32x32 (fewer for larger images)
 
 
-def check_settings(resolution: int, contour_length: int) -> None:
+def check_settings(resolution: int, contour_length: int, style: str = "continuous") -> None:
   """Raises ValueError naming the valid values when a setting is not one of them."""
+  if style not in STYLES:
+    raise ValueError(f"Pathfinder style {style!r} is not supported; valid styles: "
+                     f"{', '.join(STYLES)}.")
   if resolution not in PARAMS:
     raise ValueError(f"Pathfinder resolution {resolution!r} is not supported; valid "
                      f"resolutions: {', '.join(map(str, PARAMS))}.")
@@ -103,16 +114,19 @@ def _lit_level(p: dict, low: int) -> float:
 
 
 class _Recipe:
-  """Draws images of one resolution, contour length and margin, many attempts at a time."""
+  """Draws images of one resolution, contour length, margin and style, many attempts at a
+  time."""
 
-  def __init__(self, resolution: int, contour_length: int, margin: int):
+  def __init__(self, resolution: int, contour_length: int, margin: int,
+               style: str = "continuous"):
     self.p = p = PARAMS[resolution]
     self.resolution, self.length, self.margin = resolution, contour_length, margin
+    self.dashed = style == "dashed"
     self.values, self.target_c = _contrasts(p)
     self.paddle_c = np.arange(len(p["paddle_contrasts"]))
     self.distractor_c = np.array([self.values.index(c) for c in p["snake_contrasts"]])
-    shape = snakes.Shape(p["paddle_length"], p["paddle_thickness"], margin,
-                         p["antialias_scale"])
+    shape = self.shape = snakes.Shape(p["paddle_length"], p["paddle_thickness"], margin,
+                                      p["antialias_scale"], self.dashed)
     self.low, self.high = FLOOD_FILL_RANGE[resolution]
     self.lit = _lit_level(p, self.low)
     self.tables = snakes.tables(shape, self.values, self.lit)
@@ -133,8 +147,8 @@ class _Recipe:
     return table[rng.integers(len(table), size=n)] if len(table) > 1 else np.full(n, table[0])
 
   def targets(self, batch: snakes.Batch, rng: np.random.Generator):
-    """Two target snakes (objects 1, 2) in every image; returns (ok [n], tips [n, 2, 2, 2]):
-    tips[i, s] = (start, end) of snake s."""
+    """Two target snakes (objects 1, 2) in every image; returns (ok [n], pivots
+    [n, 2, length + 1, 2]): pivots[i, s] = the pivots of snake s, from its start to its end."""
     p, n = self.p, batch.n
     # Each target snake's contrast: the first two of the doubled snake contrast list shuffled,
     # times a paddle contrast drawn per segment (as the original's two_snakes).
@@ -142,6 +156,7 @@ class _Recipe:
     mu %= len(p["snake_contrasts"])
     tc = lambda s, i: self.target_c[self._pick(rng, self.paddle_c, i.size), mu[i, s]]  # noqa
     tips = np.zeros((n, 2, 2, 2), np.int64)
+    pivots = np.zeros((n, 2, self.length + 1, 2), np.int64)
     heading = np.zeros((n, 2))
     idx = np.arange(n)
     ok, start, angle, end = batch.seed(idx, 1, tc(0, idx), border=2 * p["seed_distance"],
@@ -163,7 +178,8 @@ class _Recipe:
       heading[won, 1] = batch.t.seed_angle[deg[ok]]
       alive[won] = True
       todo = todo[~ok]
-    for _ in range(self.length - 1):
+    pivots[:, :, 0], pivots[:, :, 1] = tips[:, :, 0], tips[:, :, 1]
+    for step in range(2, self.length + 1):
       paddle = self._pick(rng, self.paddle_c, n)
       for s in range(2):
         idx = np.flatnonzero(alive)
@@ -172,10 +188,11 @@ class _Recipe:
                                       slot=s, pair=True)
         alive[idx[~ok]] = False
         tips[idx[ok], s, 1], heading[idx[ok], s] = end[ok], angle[ok]
+        pivots[idx[ok], s, step] = end[ok]
     idx = np.flatnonzero(alive)
     batch.finish(idx, 0)
     batch.finish(idx, 1)
-    return alive, tips
+    return alive, pivots
 
   def distractors(self, batch: snakes.Batch, rng: np.random.Generator,
                   idx: np.ndarray) -> np.ndarray:
@@ -204,25 +221,39 @@ class _Recipe:
     return placed
 
   def pairs(self, rng: np.random.Generator, labels: np.ndarray):
-    """Target snakes and markers for one attempt per label; returns (batch, idx, a, b, grown):
-    the images idx [M] of `batch` that succeeded, their marker pixels a, b [M, 2], and how
-    many attempts had grown both target snakes."""
+    """Target snakes and markers for one attempt per label; returns (batch, idx, a, b, paths,
+    grown): the images idx [M] of `batch` that succeeded, their marker pixels a, b [M, 2], the
+    pivots [M, 2, length + 1, 2] of the snake marked by a, then of the other one, and how many
+    attempts had grown both target snakes.
+
+    Markers sit on the ends of the drawn lines: the first and last pivot (continuous), or the
+    tail of the first paddle and the head of the last one (dashed, as the original); continuous
+    markers are reserved before the distractors (`Batch.place`), dashed ones are not."""
     p, n = self.p, len(labels)
     batch = snakes.Batch(self.tables, n, self.resolution, padding=p["padding"],
-                         continuity=p["continuity"], retries=SEGMENT_RETRIES, rng=rng)
-    ok, tips = self.targets(batch, rng)
+                         continuity=p["continuity"], retries=SEGMENT_RETRIES, rng=rng,
+                         separate=not self.dashed)
+    ok, pivots = self.targets(batch, rng)
     first = rng.integers(2, size=n)
     second = np.where(labels == 1, first, 1 - first)
-    a, b = tips[np.arange(n), first, 0], tips[np.arange(n), second, 1]
-    idx = np.flatnonzero(ok)
-    idx = idx[batch.place(idx, a[idx], self.marker_stamps, first[idx] + 1)]
-    idx = idx[batch.place(idx, b[idx], self.marker_stamps, second[idx] + 1)]
-    return batch, idx, a[idx], b[idx], int(ok.sum())
+    rows = np.arange(n)
+    a, b = pivots[rows, first, 0], pivots[rows, second, -1]
+    if self.dashed:
+      a = a + snakes.paddle_ends(self.shape, pivots[rows, first, 1] - a)[0]
+      before = pivots[rows, second, -2]
+      b = before + snakes.paddle_ends(self.shape, b - before)[1]
+    idx = np.flatnonzero(ok & batch.inside_image(a) & batch.inside_image(b))
+    if not self.dashed:
+      idx = idx[batch.place(idx, a[idx], self.marker_stamps, first[idx] + 1)]
+      idx = idx[batch.place(idx, b[idx], self.marker_stamps, second[idx] + 1)]
+    paths = np.stack([pivots[idx, first[idx]], pivots[idx, 1 - first[idx]]], axis=1)
+    return batch, idx, a[idx], b[idx], paths, int(ok.sum())
 
   def finish(self, rng: np.random.Generator, batch: snakes.Batch, labels: np.ndarray,
-             a: np.ndarray, b: np.ndarray) -> list:
+             a: np.ndarray, b: np.ndarray, paths: np.ndarray) -> list:
     """Distractors, markers and the saved form of every image of `batch`; returns
-    [(image, info)] for those that pass the flood-fill check."""
+    [(image, info)] for those that pass the flood-fill check (continuous style; dashed images
+    are not checked)."""
     idx = np.arange(batch.n)
     placed = self.distractors(batch, rng, idx)
     out = []
@@ -234,13 +265,16 @@ class _Recipe:
         np.maximum(win, self.marker, out=win)
       image = byte_scale(drawn[half:-half, half:-half])
       ma, mb = tuple(int(v) for v in a[k]), tuple(int(v) for v in b[k])
-      if labels[k] == 1:
+      if self.dashed:
+        good = True
+      elif labels[k] == 1:
         good = connected(image, ma, mb, self.high)
       else:
         good = not connected(image, ma, mb, self.low)
       if good:
+        path = tuple(tuple((int(y), int(x)) for y, x in snake) for snake in paths[k])
         out.append((image, dict(label=int(labels[k]), markers=(ma, mb), margin=self.margin,
-                                distractors=int(placed[k]))))
+                                distractors=int(placed[k]), paths=path)))
     return out
 
 
@@ -277,9 +311,14 @@ def connected(image: np.ndarray, a: tuple[int, int], b: tuple[int, int],
 
 
 def generate_images(rng: np.random.Generator, labels, *, resolution: int = 32,
-                    contour_length: int = 14,
-                    stats: dict | None = None) -> list[tuple[np.ndarray, dict]]:
-  """One image per entry of `labels` (0 or 1), in order: [(uint8 [R, R], info)].
+                    contour_length: int = 14, stats: dict | None = None,
+                    style: str = "continuous") -> list[tuple[np.ndarray, dict]]:
+  """One image per entry of `labels` (0 or 1), in order: [(uint8 [R, R], info)] (info as for
+  `generate_image`).
+
+  `style`: "continuous" (pivot-to-pivot lines; every image passes the flood-fill check of the
+  module docstring before it is returned) or "dashed" (the original's paddles, which leave gaps
+  along every path, so no flood-fill check is made: the pixels alone do not decide the label).
 
   Each image draws its margin from the margin list first. Attempts for images of one margin run
   together: target snakes and markers for up to ATTEMPTS_PER_BATCH attempts at a time, then
@@ -291,7 +330,7 @@ def generate_images(rng: np.random.Generator, labels, *, resolution: int = 32,
   counts = stats if stats is not None else {}
   for key in ("attempts", "grown", "marked", "checked", "kept"):
     counts.setdefault(key, 0)
-  check_settings(resolution, contour_length)
+  check_settings(resolution, contour_length, style)
   labels = [int(v) for v in labels]
   if any(v not in (0, 1) for v in labels):
     raise ValueError(f"labels must be 0 or 1, got {sorted(set(labels))}.")
@@ -300,7 +339,7 @@ def generate_images(rng: np.random.Generator, labels, *, resolution: int = 32,
   out: list = [None] * len(labels)
   per_batch = max(8, ATTEMPTS_PER_BATCH * 32 * 32 // resolution ** 2)
   for margin in sorted(set(drawn.tolist())):
-    recipe = _Recipe(resolution, contour_length, int(margin))
+    recipe = _Recipe(resolution, contour_length, int(margin), style)
     slots = [i for i in range(len(labels)) if drawn[i] == margin]
     budget, tried, won = MAX_ATTEMPTS * len(slots), 0, 0
     while slots:
@@ -315,18 +354,19 @@ def generate_images(rng: np.random.Generator, labels, *, resolution: int = 32,
         want = len(slots) - pool_size
         n = int(min(per_batch, max(16, 1.2 * want / rate)))
         tries = np.array([labels[slots[k % len(slots)]] for k in range(n)])
-        batch, idx, a, b, grown = recipe.pairs(rng, tries)
+        batch, idx, a, b, paths, grown = recipe.pairs(rng, tries)
         tried, won = tried + n, won + idx.size
         counts["attempts"] += n
         counts["grown"] += grown
         counts["marked"] += idx.size
         if idx.size:  # keep only the images that got this far
-          pool.append((snakes.Batch.stack([(batch, idx)]), tries[idx], a, b))
+          pool.append((snakes.Batch.stack([(batch, idx)]), tries[idx], a, b, paths))
           pool_size += idx.size
       batch = snakes.Batch.stack([(part[0], np.arange(part[0].n)) for part in pool])
       done = recipe.finish(rng, batch, np.concatenate([part[1] for part in pool]),
                            np.concatenate([part[2] for part in pool]),
-                           np.concatenate([part[3] for part in pool]))
+                           np.concatenate([part[3] for part in pool]),
+                           np.concatenate([part[4] for part in pool]))
       counts["checked"] += batch.n
       counts["kept"] += len(done)
       for image, info in done:
@@ -338,12 +378,18 @@ def generate_images(rng: np.random.Generator, labels, *, resolution: int = 32,
 
 
 def generate_image(rng: np.random.Generator, *, resolution: int = 32, label: int,
-                   contour_length: int = 14) -> tuple[np.ndarray, dict]:
+                   contour_length: int = 14,
+                   style: str = "continuous") -> tuple[np.ndarray, dict]:
   """One Pathfinder image, uint8 [resolution, resolution], and an info dict: label, markers
-  ((row, col) of both marker centres), margin, distractors (how many fitted)."""
+  ((row, col) of both marker centres), margin, distractors (how many fitted), paths (the
+  (row, col) pivots of the target snake holding the first marker, then of the other one).
+
+  `style`: "continuous" (default; flood-fill checked) or "dashed" (as the original and the LRA
+  release; not flood-fill checked), see `generate_images`."""
   if label not in (0, 1):
     raise ValueError(f"label must be 0 or 1, got {label!r}.")
-  return generate_images(rng, [label], resolution=resolution, contour_length=contour_length)[0]
+  return generate_images(rng, [label], resolution=resolution, contour_length=contour_length,
+                         style=style)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -374,30 +420,33 @@ def metadata_line(batch: int, index: int, label: int, resolution: int, contour_l
 
 
 def batch_images(seed: int, batch: int, count: int, *, resolution: int = 32,
-                 contour_length: int = 14,
-                 stats: dict | None = None) -> Iterator[list[tuple[np.ndarray, dict]]]:
+                 contour_length: int = 14, stats: dict | None = None,
+                 style: str = "continuous") -> Iterator[list[tuple[np.ndarray, dict]]]:
   """The images of imgs/<batch> of a dataset written with `seed`, in chunks of
   PROGRESS_CHUNK: a generator seeded by (seed, batch) draws a balanced, shuffled label list
-  (one more of a random label when `count` is odd), then the images in order. `stats`: as
-  for generate_images."""
+  (one more of a random label when `count` is odd), then the images in order. `stats`,
+  `style`: as for generate_images."""
   rng = np.random.default_rng([seed, batch])
   ones = count // 2 + (count % 2) * int(rng.integers(2))
   labels = rng.permutation(np.array([0] * (count - ones) + [1] * ones))
   for lo in range(0, count, PROGRESS_CHUNK):
     yield generate_images(rng, labels[lo:lo + PROGRESS_CHUNK], resolution=resolution,
-                          contour_length=contour_length, stats=stats)
+                          contour_length=contour_length, stats=stats, style=style)
 
 
 def write_dataset(output_dir: str, *, resolution: int = 32, num_images: int, seed: int = 0,
-                  contour_length: int = 14, images_per_batch: int = IMAGES_PER_BATCH) -> None:
+                  contour_length: int = 14, images_per_batch: int = IMAGES_PER_BATCH,
+                  style: str = "continuous") -> None:
   """Writes `num_images` generated images in the LRA release layout into output_dir:
   imgs/<batch>/sample_<i>.png and metadata/<batch>.npy (text, one `metadata_line` per image),
   `images_per_batch` per batch, each batch as `batch_images` draws it (half of each label), so
   the output depends only on the arguments. Everything goes to a temporary folder next to
   output_dir, renamed to output_dir when complete (output_dir may exist if it is empty).
-  Progress goes to stderr.
+  Progress goes to stderr. `style`: "continuous" (default; every image flood-fill checked) or
+  "dashed" (paddles as the original drew them, like the LRA release; not flood-fill checked,
+  see generate_images). The metadata lines are the same for both.
   """
-  check_settings(resolution, contour_length)
+  check_settings(resolution, contour_length, style)
   if num_images < 1 or images_per_batch < 1:
     raise ValueError(f"num_images and images_per_batch must be positive, got {num_images} and "
                      f"{images_per_batch}.")
@@ -417,7 +466,7 @@ def write_dataset(output_dir: str, *, resolution: int = 32, num_images: int, see
       os.makedirs(folder)
       lines, i = [], 0
       for chunk in batch_images(seed, batch, count, resolution=resolution,
-                                contour_length=contour_length):
+                                contour_length=contour_length, style=style):
         for image, info in chunk:
           png.write(os.path.join(folder, f"sample_{i}.png"), image)
           lines.append(metadata_line(batch, i, info["label"], resolution, contour_length,
@@ -448,12 +497,16 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--contour_length", type=int, default=14,
                       help="segments per path: 6 (easy), 9 (intermediate), 14 (hard; LRA)")
   parser.add_argument("--images_per_batch", type=int, default=IMAGES_PER_BATCH)
+  parser.add_argument("--style", default="continuous",
+                      help="continuous (default: connected paths, the label decidable by a "
+                           "flood fill) or dashed (the original's paddles with gaps, like the "
+                           "LRA release)")
   args = parser.parse_args(argv)
   try:
-    check_settings(args.resolution, args.contour_length)
+    check_settings(args.resolution, args.contour_length, args.style)
     write_dataset(args.output_dir, resolution=args.resolution, num_images=args.num_images,
                   seed=args.seed, contour_length=args.contour_length,
-                  images_per_batch=args.images_per_batch)
+                  images_per_batch=args.images_per_batch, style=args.style)
   except (ValueError, FileExistsError) as e:
     parser.error(str(e))
 

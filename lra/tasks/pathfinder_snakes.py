@@ -7,6 +7,8 @@ for the drawing:
 - rendering: a segment is a line drawn as PIL draws it at `aa` times the resolution, then shrunk
   with PIL's Lanczos filter (`shrink` gives the same 8-bit values as `Image.resize`); its
   occupancy mask is the same line dilated by a disk of radius `margin * aa` before shrinking.
+  The line runs from pivot to pivot (continuous style) or, as in the original, covers only the
+  middle `length` pixels of the segment (dashed style, `Shape.dashed`, `paddle_ends`).
   Segments start on whole pixels, so one stamp per displacement serves every image (`Tables`).
 - `Batch`: the canvases of n images and the snake steps (seed, extend), each applied to a
   subset of the images at once with gathers and scatters of sparse stamps.
@@ -93,12 +95,14 @@ def _pil_round(f: float, up: bool) -> int:
   return int(a) if f >= 0 else -int(a)
 
 
-def _raster_line(size: int, centre: int, head: tuple[int, int], width: int) -> np.ndarray:
-  """0/255 float [size, size]: PIL's `ImageDraw.line` of `width` from (centre, centre) to
-  `head` (row, col): a Bresenham line with both ends for width 1; for wider lines PIL's four
-  corners of the line polygon, filled row by row (the same pixels as Pillow 13)."""
+def _raster_line(size: int, centre: int | tuple[int, int], head: tuple[int, int],
+                 width: int) -> np.ndarray:
+  """0/255 float [size, size]: PIL's `ImageDraw.line` of `width` from (centre, centre) (or the
+  pixel `centre` = (row, col)) to `head` (row, col): a Bresenham line with both ends for width 1;
+  for wider lines PIL's four corners of the line polygon, filled row by row (the same pixels as
+  Pillow 13)."""
   out = np.zeros((size, size))
-  y, x = centre, centre
+  y, x = (centre, centre) if np.ndim(centre) == 0 else (int(centre[0]), int(centre[1]))
   dy, dx = head[0] - y, head[1] - x
   if width <= 1:
     sy, sx, dy, dx = (1 if dy >= 0 else -1), (1 if dx >= 0 else -1), abs(dy), abs(dx)
@@ -148,6 +152,7 @@ class Shape(NamedTuple):
   thickness: float   # line width in pixels (drawn as round(thickness * aa) at aa x)
   margin: int        # clearance radius of the occupancy mask
   aa: int            # antialias scale
+  dashed: bool = False   # draw only the middle `length` pixels of a segment (the original)
 
   @property
   def step(self) -> int:
@@ -160,16 +165,38 @@ class Shape(NamedTuple):
     return self.step + 1 + self.margin + int(math.ceil(self.thickness)) + 1
 
 
+def _ceil(x: np.ndarray) -> np.ndarray:
+  """Rounding up as the original's translate_coord, ignoring float noise (sin(pi) ~ 1e-16)."""
+  return np.ceil(np.asarray(x) - 1e-9).astype(np.int64)
+
+
+def paddle_ends(shape: Shape, disp: np.ndarray, scale: int = 1) -> tuple[np.ndarray, np.ndarray]:
+  """The dashed paddle of segments with displacements disp [..., 2] (pivot to next pivot), as
+  the original drew it: its head is the point `length + margin` from the pivot towards the next
+  one, and the line goes back `length` from there, ending about `margin` from the pivot.
+  Returns (tail, head) [..., 2] offsets from the pivot in pixels of 1/scale (rounded up)."""
+  disp = np.asarray(disp, np.float64)
+  angle = np.arctan2(disp[..., 0], disp[..., 1])
+  unit = np.stack([np.sin(angle), np.cos(angle)], axis=-1)
+  head = _ceil((shape.length + shape.margin) * unit) * scale
+  return head + _ceil(-shape.length * scale * unit), head
+
+
 def segment(shape: Shape, dy: int, dx: int) -> tuple[np.ndarray, np.ndarray]:
   """(line, mask) float [S, S] in [0, 1]: the segment from the centre pixel to the pixel
-  (dy, dx) away, and the same segment dilated by a disk of radius `margin` (its occupancy)."""
+  (dy, dx) away (dashed: its paddle, `paddle_ends`), and the same line dilated by a disk of
+  radius `margin` (its occupancy)."""
   width = int(round(shape.thickness * shape.aa))
   if width != shape.thickness * shape.aa:
     raise ValueError(f"paddle thickness {shape.thickness} times antialias scale {shape.aa} "
                      "must be a whole number of pixels.")
   half, aa = shape.half, shape.aa
   centre = half * aa
-  line = _raster_line(2 * half * aa + 1, centre, (centre + aa * dy, centre + aa * dx), width)
+  if shape.dashed:  # drawn from the head as the original: head on the pixel grid, tail at aa x
+    tail, head = paddle_ends(shape, (dy, dx), scale=aa)
+    line = _raster_line(2 * half * aa + 1, tuple(centre + head), tuple(centre + tail), width)
+  else:
+    line = _raster_line(2 * half * aa + 1, centre, (centre + aa * dy, centre + aa * dx), width)
   mask = dilate(line, disk(shape.margin * aa))
   return shrink(line, 2 * half + 1), shrink(mask, 2 * half + 1)
 
@@ -225,8 +252,9 @@ class Tables:
   overlap test, occupancy + mask >= 1.8 with occupancy <= 1, can fail), `foot[c, d]` (pixels
   that may be lit when drawn with contrast c: line * contrast >= lit) and `halo[c, d]` (those
   grown by one pixel). `core[a]` holds the offsets where the mask of a paddle-length segment in
-  direction a (whole degrees from -180) is 1, padded with (0, 0): the seeding element of the
-  original.
+  direction a (whole degrees from -180; dashed: of the seed segment's paddle) is 1, padded with
+  (0, 0): the seeding element of the original. `probe[k]`: where the free space of candidate k
+  is read (the next pivot; dashed: the paddle's head, as the original).
   """
 
   def __init__(self, shape: Shape, contrasts: tuple[float, ...], lit: float):
@@ -243,10 +271,12 @@ class Tables:
     mask = np.stack([s[1] for s in stamps]).astype(np.float32)            # [D, S, S]
     self.disp = np.array(disps)                                           # [D, 2]
     self.circle_index = np.array([index[d] for d in ring])                # [K]
+    self.probe = (paddle_ends(shape, self.disp[self.circle_index])[1] if shape.dashed
+                  else self.disp[self.circle_index])                      # [K, 2]
     self.seed_index = np.array([index[d] for d in seeds])                 # [360]
     self.seed_angle = angles                                              # [360]
     cores = []
-    for d in paddles:
+    for d in (seeds if shape.dashed else paddles):
       off = np.argwhere(mask[index[d]] >= 1.0) - self.half
       cores.append(np.unique(np.concatenate([np.zeros((1, 2), np.int64), off]), axis=0))
     width = max(len(c) for c in cores)
@@ -276,14 +306,16 @@ class Batch:
   flat canvas. Occupancy layers: 0 holds every finished segment; while the two target snakes
   grow, layer 1 + s also holds snake s's last segment, so snake s checks layer 2 - s
   (everything except its own last segment). A segment fits when (as in the original) its mask
-  plus the occupancy stays below 1.8, and (our rule) none of the pixels it may light touches,
-  even diagonally, a pixel that another object may light (`owner`, object ids from 1).
+  plus the occupancy stays below 1.8, and (our rule, when `separate`) none of the pixels it may
+  light touches, even diagonally, a pixel that another object may light (`owner`, object ids
+  from 1), one of the two being a target.
   """
 
   def __init__(self, t: Tables, n: int, size: int, *, padding: int, continuity: float,
-               retries: int, rng: np.random.Generator):
+               retries: int, rng: np.random.Generator, separate: bool = True):
     self.t, self.n, self.size, self.continuity, self.retries, self.rng = (
         t, n, size, continuity, retries, rng)
+    self.separate = separate
     p = self.pad = t.half
     full = self.full = size + 2 * p
     self.scratch = n * full * full
@@ -303,7 +335,7 @@ class Batch:
     self.pending = np.full((n, 2), -1)               # last segment per slot (-1: none)
     self.pending_at = np.zeros((n, 2, 2), np.int64)  # its start pixel
     near = np.argwhere(disk(t.shape.margin)) - t.shape.margin          # [J, 2]
-    ring = t.disp[t.circle_index][:, None, :] + near[None]            # [K, J, 2]
+    ring = t.probe[:, None, :] + near[None]                           # [K, J, 2]
     self.ring_near = ring[..., 0] * full + ring[..., 1]               # [K, J] flat offsets
     self.rel = {name: getattr(t, name).rows * full + getattr(t, name).cols
                 for name in ("line", "mask", "solid", "foot", "halo")}
@@ -331,7 +363,8 @@ class Batch:
     segments (only finished drawings and occupancy are kept)."""
     first = parts[0][0]
     out = cls(first.t, sum(len(idx) for _, idx in parts), first.size, padding=0,
-              continuity=first.continuity, retries=first.retries, rng=first.rng)
+              continuity=first.continuity, retries=first.retries, rng=first.rng,
+              separate=first.separate)
     out.image[:] = np.concatenate([b.image[idx] for b, idx in parts])
     out.occ[0][:] = np.concatenate([b.occ[0][idx] for b, idx in parts])
     out.owner[:] = np.concatenate([b.owner[idx] for b, idx in parts])
@@ -364,6 +397,8 @@ class Batch:
     t = self.t
     where, keep = self._entries(idx, at, self.rel["solid"][d], t.solid.valid[d])
     over = (keep & (self.flat_occ[layer][where] + t.solid.values[d] >= 1.8)).any(axis=1)
+    if not self.separate:
+      return ~over
     clash = self._clash(idx, at, self.rel["halo"][c, d], t.halo.valid[c, d], obj)
     return ~(over | clash)
 
@@ -391,8 +426,9 @@ class Batch:
     where, _ = self._entries(idx, at, self.rel["line"][d], t.line.valid[d])
     line = t.line.values[d] * t.contrasts[c][:, None]
     self.flat_image[where] = np.maximum(self.flat_image[where], line)
-    where, _ = self._entries(idx, at, self.rel["foot"][c, d], t.foot.valid[c, d])
-    self.flat_owner[where] = obj
+    if self.separate:
+      where, _ = self._entries(idx, at, self.rel["foot"][c, d], t.foot.valid[c, d])
+      self.flat_owner[where] = obj
     if pair:  # snake `slot` sees layer 2 - slot; the other snake sees layer 1 + slot
       self._commit(idx, slot, (0, 2 - slot))
       where, _ = self._entries(idx, at, self.rel["mask"][d], t.mask.valid[d])
@@ -500,8 +536,8 @@ class Batch:
     """Adds a segment at the end `pivot` [A, 2] of snakes heading along `heading` [A] (the
     original `extend_snake`): the next pivot is drawn on the circle of radius `step` with
     probability proportional to cos(min(continuity * turn, pi/2))^2 times (1 - occupancy
-    dilated by the margin) there; up to retries + 1 draws until the segment fits.
-    Returns (ok [A], end [A, 2], angle [A])."""
+    dilated by the margin) there (dashed: at its paddle's head, `Tables.probe`); up to
+    retries + 1 draws until the segment fits. Returns (ok [A], end [A, 2], angle [A])."""
     t, a = self.t, len(idx)
     layer = 2 - slot if pair else 0
     ends = pivot[:, None, :] + t.disp[t.circle_index][None]           # [A, K, 2]
