@@ -1,0 +1,224 @@
+"""Text (LRA): IMDb sentiment from raw bytes, 2 classes, built from the original aclImdb archive.
+
+Archive: `aclImdb_v1.tar.gz` (the Large Movie Review Dataset v1.0, 84 MB) from
+https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz, placed in `data.manual_dir`.
+Its members `aclImdb/{train,test}/{pos,neg}/<id>_<rating>.txt` are the 25,000 + 25,000 labelled
+reviews (`pos` = label 1, `neg` = label 0); `aclImdb/train/unsup/`, `urls_*.txt`, `*.feat`,
+`imdb.vocab` and `README` are ignored. The archive is read once, as a stream.
+
+Stored example: the review's UTF-8 bytes with surrounding ASCII whitespace stripped (exactly the
+text tfds `imdb_reviews` gave LRA), never truncated, as uint8; label int32. Examples are stored
+sorted by (label, review id) within each split, so the dataset does not depend on the order of
+the archive's members.
+
+Tokenisation (LRA's tfds ByteTextEncoder): id = byte + 1, 0 = padding, VOCAB_SIZE 257. Reading
+keeps the FIRST `data.max_length` bytes (LRA base: 1,000; the paper text says 4K) and pads.
+
+Splits: `train` = the 25K train reviews, `test` = the 25K test reviews. LRA had no validation
+split and evaluated (and so selected models) on the test set; `data.validation = "test"` (the
+default) keeps that, so numbers compare with LRA's. `data.validation = "holdout"` instead holds
+out a seeded `data.holdout_fraction` (10%) of the train reviews as the validation split, and
+train shrinks accordingly, so models are selected without touching test. The split is applied
+at read time over one prepared dataset (train and test), so switching the option needs no
+rebuild and the held-out reviews are the same for every max_length.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import re
+import sys
+import time
+from typing import Sequence
+
+import ml_collections
+import numpy as np
+import tensorflow_datasets as tfds
+
+from lra import archives, datasets
+
+NAME = "text"
+NUM_CLASSES = 2
+MODEL = "classifier"
+PAD_ID = 0
+VOCAB_SIZE = datasets.BYTE_VOCAB_SIZE   # 256 byte values + padding
+
+IMDB = archives.Archive(
+    "aclImdb_v1.tar.gz", "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
+    "the Large Movie Review Dataset v1.0 (IMDb reviews; a tar.gz of 84 MB)")
+LABELS = {"neg": 0, "pos": 1}
+VALIDATION_CHOICES = ("test", "holdout")
+_MEMBER = re.compile(r"^(?:\./)?aclImdb/(train|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
+
+
+def data_config() -> ml_collections.ConfigDict:
+  """Data settings with the LRA defaults; configs override fields (lengths, validation)."""
+  c = datasets.data_fields(NAME)   # data_dir, manual_dir (aclImdb_v1.tar.gz), download
+  c.max_length = 1000              # bytes per review after truncation (first bytes) / padding
+  c.validation = "test"            # "test" (LRA: validate on test) or "holdout" (from train)
+  c.holdout_fraction = 0.1         # with validation="holdout": share of train held out
+  c.holdout_seed = 0               # with validation="holdout": which reviews are held out
+  return c
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the archive.
+
+
+def read_archive(path: str) -> dict[str, list[tuple[int, int, bytes]]]:
+  """The labelled reviews of aclImdb_v1.tar.gz: {"train"|"test": [(label, id, bytes)]}, sorted.
+
+  Raises CorruptArchiveError for a truncated archive or one without the aclImdb layout.
+  """
+  reviews = {"train": [], "test": []}
+  seen = set()
+  t0 = time.monotonic()
+  print(f"{NAME}: reading {path} ...", file=sys.stderr, flush=True)
+  for name, data in archives.tar_members(path, IMDB):
+    match = _MEMBER.match(name)
+    if not match:
+      continue
+    split, label, review_id = match.group(1), LABELS[match.group(2)], int(match.group(3))
+    if (split, label, review_id) in seen:
+      raise archives.CorruptArchiveError(
+          f"{path} holds {name} twice; it is not the original archive: download it again "
+          f"from {IMDB.url}.")
+    seen.add((split, label, review_id))
+    reviews[split].append((label, review_id, data.strip()))
+    if len(seen) % 10000 == 0:
+      print(f"  {len(seen)} reviews ({time.monotonic() - t0:.0f} s)", file=sys.stderr,
+            flush=True)
+  for split, rows in reviews.items():
+    counts = collections.Counter(label for label, _, _ in rows)
+    if not counts[0] or not counts[1]:
+      raise archives.CorruptArchiveError(
+          f"{path} has no reviews under aclImdb/{split}/pos/ or aclImdb/{split}/neg/; it is "
+          f"not the expected archive (or is truncated): download it again from {IMDB.url}.")
+    rows.sort(key=lambda r: (r[0], r[1]))
+  print(f"{NAME}: {len(reviews['train'])} train and {len(reviews['test'])} test reviews "
+        f"(the original archive has 25000 and 25000).", file=sys.stderr, flush=True)
+  return reviews
+
+
+# ----------------------------------------------------------------------------------------------
+# tfds dataset (array_record).
+
+
+@dataclasses.dataclass
+class TextConfig(tfds.core.BuilderConfig):
+  """The archive the dataset is built from (set when building; not part of the identity)."""
+  archive_path: str = ""
+
+
+class TextBuilder(datasets.Builder, skip_registration=True):
+  """IMDb reviews as variable-length uint8 bytes and an int32 label; prepare as array_record."""
+
+  name = "lra_text"
+  RELEASE_NOTES = {"1.0.0": "aclImdb_v1 reviews as stripped UTF-8 bytes, sorted by label, id."}
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=__doc__,
+        features=tfds.features.FeaturesDict({
+            "inputs": datasets.token_feature(),  # raw bytes, no padding, no truncation
+            "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
+        }),
+        homepage="https://ai.stanford.edu/~amaas/data/sentiment/",
+        disable_shuffling=True,  # keep the sorted order
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    reviews = read_archive(self.builder_config.archive_path)
+    return {split: self._generate_examples(rows) for split, rows in reviews.items()}
+
+  def _generate_examples(self, rows):
+    for i, (label, _, text) in enumerate(rows):
+      yield i, {"inputs": np.frombuffer(text, np.uint8), "targets": np.int32(label)}
+
+
+def _builder(data_cfg: ml_collections.ConfigDict, archive_path: str = "") -> TextBuilder:
+  return TextBuilder(config=TextConfig(name="bytes", archive_path=archive_path),
+                     data_dir=os.path.expanduser(data_cfg.data_dir))
+
+
+def build(data_cfg: ml_collections.ConfigDict) -> TextBuilder:
+  """Prepares the dataset from the archive if it is not there yet; returns the builder."""
+  builder = _builder(data_cfg)
+  if builder.is_prepared():
+    return builder
+  path = archives.locate(IMDB, data_cfg.manual_dir, download=data_cfg.download)
+  return datasets.prepare(_builder(data_cfg, path), NAME)
+
+
+def prepare(data_cfg: ml_collections.ConfigDict) -> str:
+  """Builds the dataset for data_cfg if needed; returns its folder."""
+  return os.fspath(build(data_cfg).data_dir)
+
+
+def status(data_cfg: ml_collections.ConfigDict) -> datasets.Status:
+  """Whether the dataset is prepared; if not, whether the archive is in place."""
+  return datasets.archive_status(NAME, _builder(data_cfg), [(IMDB, data_cfg.manual_dir)])
+
+
+# ----------------------------------------------------------------------------------------------
+# Splits and the random-access source.
+
+
+class Subset:
+  """Random access to the examples `indices` (ascending) of a source."""
+
+  def __init__(self, source, indices: np.ndarray):
+    self._source = source
+    self.indices = np.asarray(indices, np.int64)
+
+  def __len__(self) -> int:
+    return int(self.indices.size)
+
+  def __getitem__(self, index: int):
+    return self._source[int(self.indices[index])]
+
+  def __getitems__(self, indices: Sequence[int]) -> list:
+    return list(self._source.__getitems__([int(self.indices[i]) for i in indices]))
+
+  def __repr__(self) -> str:
+    return f"Subset({self._source!r}, {self.indices.size} examples)"
+
+
+def holdout_indices(num_train: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(kept train indices, held-out indices), both ascending: a seeded share of the train split."""
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f"data.holdout_fraction must be in (0, 1), got {fraction}.")
+  num_held = max(1, int(round(fraction * num_train)))
+  if num_held >= num_train:
+    raise ValueError(f"holding out {num_held} of {num_train} train examples leaves none to "
+                     f"train on; lower data.holdout_fraction.")
+  perm = np.random.default_rng(seed).permutation(num_train)
+  return np.sort(perm[num_held:]), np.sort(perm[:num_held])
+
+
+def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> datasets.PaddedSource:
+  """A random-access source for `split` ("train", "validation" or "test"); builds data if needed.
+
+  Examples are {"inputs": int32 [max_length] (byte + 1; 0 = padding), "targets": int32}; longer
+  reviews keep their first max_length bytes (as LRA does). "validation" is the test split
+  (data.validation="test", LRA) or the held-out part of train (data.validation="holdout").
+  """
+  datasets.check_split(NAME, split)
+  if data_cfg.validation not in VALIDATION_CHOICES:
+    raise ValueError(f"unknown data.validation {data_cfg.validation!r}; valid: "
+                     f"{', '.join(VALIDATION_CHOICES)} (LRA validated on test).")
+  builder = build(data_cfg)
+  if split == "test" or (split == "validation" and data_cfg.validation == "test"):
+    source = builder.as_data_source(split="test")
+  else:
+    source = builder.as_data_source(split="train")
+    if data_cfg.validation == "holdout":
+      kept, held = holdout_indices(len(source), float(data_cfg.holdout_fraction),
+                                   int(data_cfg.holdout_seed))
+      source = Subset(source, held if split == "validation" else kept)
+  return datasets.PaddedSource(source, {"inputs": data_cfg.max_length},
+                               offset=datasets.BYTE_OFFSET)

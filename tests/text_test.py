@@ -1,0 +1,249 @@
+"""Tests for lra.tasks.text and configs/text.py on a tiny aclImdb_v1.tar.gz in the original layout:
+the stored bytes and labels, first-bytes truncation, the holdout validation option, missing and
+truncated archives, status, and two training steps."""
+
+import io
+import os
+import tarfile
+
+import jax
+import numpy as np
+import pytest
+
+from configs import common, text as text_config
+from lra import archives, tasks, train
+from lra.tasks import text
+
+jax.config.update("jax_disable_most_optimizations", True)
+
+MAX_LENGTH = 64
+LONG = ("This film is long. " * 20 + "The end.").encode()  # 388 bytes > MAX_LENGTH
+# (split, folder, review id, rating) -> file contents, as in aclImdb/<split>/<folder>/<id>_<r>.txt
+REVIEWS = {
+    ("train", "pos", 0, 9): "Bromwell High is a cartoon comedy.<br /><br />I loved it!".encode(),
+    ("train", "pos", 12, 7): "Amélie à Paris, 東京 and \"quotes\" 🎬 - great.".encode(),
+    ("train", "pos", 3, 10): LONG,
+    ("train", "neg", 5, 1): b"  Terrible.\tNothing works.\n",   # stripped like tfds imdb_reviews
+    ("train", "neg", 1, 3): "Naïve plot; dull 'acting'.".encode(),
+    ("train", "neg", 10, 2): b"Bad." * 30,
+    ("test", "pos", 7, 8): "Superb – worth it.".encode(),
+    ("test", "pos", 2, 10): LONG[::-1],
+    ("test", "neg", 4, 4): b"Meh.",
+    ("test", "neg", 0, 2): "Schrecklich! Ärgerlich.".encode(),
+}
+EXTRA = {  # members the builder must ignore
+    "aclImdb/README": b"Large Movie Review Dataset v1.0\n",
+    "aclImdb/imdb.vocab": b"the\nand\n",
+    "aclImdb/imdbEr.txt": b"0.1\n",
+    "aclImdb/train/unsup/0_0.txt": b"unlabelled review",
+    "aclImdb/train/urls_pos.txt": b"http://www.imdb.com/title/tt0453418/usercomments\n",
+    "aclImdb/train/labeledBow.feat": b"9 0:9 1:1\n",
+    "aclImdb/test/urls_neg.txt": b"http://www.imdb.com/title/tt0064354/usercomments\n",
+}
+
+
+def write_archive(path, reviews=REVIEWS, extra=EXTRA):
+  """Writes a gzip'd tar with the aclImdb member layout (directories, then files)."""
+  with tarfile.open(path, "w:gz") as tar:
+    dirs = sorted({"aclImdb"} | {f"aclImdb/{s}" for s in ("train", "test")} |
+                  {f"aclImdb/{s}/{f}" for s in ("train", "test") for f in ("pos", "neg")} |
+                  {"aclImdb/train/unsup"})
+    for d in dirs:
+      info = tarfile.TarInfo(d)
+      info.type = tarfile.DIRTYPE
+      tar.addfile(info)
+    members = {f"aclImdb/{s}/{f}/{i}_{r}.txt": data for (s, f, i, r), data in reviews.items()}
+    members.update(extra)
+    for name, data in members.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+
+
+def expected(split):
+  """(ids without padding, label) in the stored order: sorted by (label, review id)."""
+  rows = sorted((text.LABELS[f], i, data.strip()) for (s, f, i, _), data in REVIEWS.items()
+                if s == split)
+  return [(np.frombuffer(data, np.uint8).astype(np.int32) + 1, label) for label, _, data in rows]
+
+
+def data_cfg(root, **kw):
+  cfg = text.data_config()
+  cfg.data_dir = str(root / "data")
+  cfg.manual_dir = str(root / "manual")
+  cfg.download = False
+  cfg.max_length = MAX_LENGTH
+  cfg.update(kw)
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+  root = tmp_path_factory.mktemp("text")
+  os.makedirs(root / "manual")
+  write_archive(str(root / "manual" / text.IMDB.filename))
+  cfg = data_cfg(root)
+  before = text.status(cfg)
+  folder = text.prepare(cfg)
+  return root, cfg, before, folder
+
+
+def rows_of(source):
+  return [source[i] for i in range(len(source))]
+
+
+def test_examples_are_the_review_bytes_plus_one_first_bytes_kept(built):
+  _, cfg, _, _ = built
+  for split in ("train", "test"):
+    got = rows_of(text.get_source(cfg, split))
+    want = expected(split)
+    assert len(got) == len(want) == (6 if split == "train" else 4)
+    for ex, (ids, label) in zip(got, want):
+      assert ex["inputs"].shape == (MAX_LENGTH,) and ex["inputs"].dtype == np.int32
+      n = min(ids.size, MAX_LENGTH)
+      np.testing.assert_array_equal(ex["inputs"][:n], ids[:n])   # the FIRST bytes
+      assert not ex["inputs"][n:].any()
+      assert int(ex["targets"]) == label
+  # Spot checks independent of the helper: a non-ASCII review, the stripped one, labels.
+  train_rows = rows_of(text.get_source(cfg, "train"))
+  assert [int(r["targets"]) for r in train_rows] == [0, 0, 0, 1, 1, 1]
+  row = train_rows[1]["inputs"]
+  terrible = bytes((row[row > 0] - 1).astype(np.uint8))
+  assert terrible == b"Terrible.\tNothing works."
+  amelie = train_rows[5]["inputs"]
+  assert bytes((amelie[amelie > 0] - 1).astype(np.uint8)).decode() == \
+      "Amélie à Paris, 東京 and \"quotes\" 🎬 - great."
+  long_row = train_rows[4]["inputs"]
+  assert np.count_nonzero(long_row) == MAX_LENGTH
+  np.testing.assert_array_equal(long_row, np.frombuffer(LONG[:MAX_LENGTH], np.uint8) + 1)
+  batch = text.get_source(cfg, "test").__getitems__([3, 0])
+  np.testing.assert_array_equal(batch[0]["inputs"], text.get_source(cfg, "test")[3]["inputs"])
+
+
+def test_storage_keeps_whole_reviews_and_max_length_is_a_read_setting(built):
+  _, cfg, _, _ = built
+  wide = data_cfg(built[0], max_length=1000)
+  row = text.get_source(wide, "train")[4]["inputs"]   # the 388-byte review, untruncated
+  assert np.count_nonzero(row) == len(LONG)
+  np.testing.assert_array_equal(row[:len(LONG)], np.frombuffer(LONG, np.uint8) + 1)
+  assert os.listdir(os.path.join(cfg.data_dir, "lra_text")) == ["bytes"]
+
+
+def test_validation_is_test_by_default_as_in_lra(built):
+  _, cfg, _, _ = built
+  assert cfg.validation == "test"
+  val = rows_of(text.get_source(cfg, "validation"))
+  test = rows_of(text.get_source(cfg, "test"))
+  assert len(val) == 4
+  for a, b in zip(val, test):
+    np.testing.assert_array_equal(a["inputs"], b["inputs"])
+
+
+def test_holdout_validation_is_a_seeded_part_of_train(built):
+  root, cfg, _, _ = built
+  full = [tuple(r["inputs"]) for r in rows_of(text.get_source(cfg, "train"))]
+  hold = data_cfg(root, validation="holdout", holdout_fraction=0.34)
+  train_rows = [tuple(r["inputs"]) for r in rows_of(text.get_source(hold, "train"))]
+  val_rows = [tuple(r["inputs"]) for r in rows_of(text.get_source(hold, "validation"))]
+  assert (len(train_rows), len(val_rows)) == (4, 2)
+  assert sorted(train_rows + val_rows) == sorted(full) and not set(train_rows) & set(val_rows)
+  assert len(text.get_source(hold, "test")) == 4
+  again = [tuple(r["inputs"]) for r in rows_of(text.get_source(hold, "validation"))]
+  assert again == val_rows
+  kept, held = text.holdout_indices(25_000, 0.1, 0)
+  assert (kept.size, held.size) == (22_500, 2_500) and not np.intersect1d(kept, held).size
+  assert not np.array_equal(held, text.holdout_indices(25_000, 0.1, 1)[1])
+  with pytest.raises(ValueError, match="valid: test, holdout"):
+    text.get_source(data_cfg(root, validation="val"), "validation")
+  with pytest.raises(ValueError, match="holdout_fraction"):
+    text.holdout_indices(10, 1.5, 0)
+
+
+def test_status_before_and_after_prepare(built):
+  root, cfg, before, folder = built
+  assert not before.ready and "the input files are in place" in before.detail
+  after = text.status(cfg)
+  assert after.ready and after.detail == folder and os.path.isdir(folder)
+  missing = text.status(data_cfg(root / "elsewhere"))
+  assert not missing.ready and text.IMDB.url in missing.detail
+
+
+def test_missing_archive_names_url_file_and_directory(tmp_path):
+  cfg = data_cfg(tmp_path)
+  with pytest.raises(archives.DataMissingError) as err:
+    text.get_source(cfg, "train")
+  msg = str(err.value)
+  for part in (text.IMDB.url, "aclImdb_v1.tar.gz", str(tmp_path / "manual")):
+    assert part in msg
+  with pytest.raises(ValueError, match="valid splits: train, validation, test"):
+    text.get_source(cfg, "dev")
+
+
+def test_truncated_archive_raises_and_leaves_no_dataset(tmp_path):
+  os.makedirs(tmp_path / "manual")
+  path = str(tmp_path / "manual" / text.IMDB.filename)
+  write_archive(path)
+  with open(path, "rb") as f:
+    data = f.read()
+  with open(path, "wb") as f:
+    f.write(data[:len(data) // 2])
+  cfg = data_cfg(tmp_path)
+  with pytest.raises(archives.CorruptArchiveError, match="truncated or corrupt.*download it"):
+    text.prepare(cfg)
+  assert text._builder(cfg).is_prepared() is False
+  assert not text.status(cfg).ready
+  version_dirs = [d for d, _, _ in os.walk(cfg.data_dir) if d.endswith("1.0.0")]
+  assert not version_dirs
+
+
+def test_archive_without_the_aclimdb_layout_is_refused(tmp_path):
+  os.makedirs(tmp_path / "manual")
+  reviews = {k: v for k, v in REVIEWS.items() if k[0] == "train"}   # no test reviews
+  write_archive(str(tmp_path / "manual" / text.IMDB.filename), reviews)
+  with pytest.raises(archives.CorruptArchiveError, match="aclImdb/test/pos/"):
+    text.prepare(data_cfg(tmp_path))
+  assert text._builder(data_cfg(tmp_path)).is_prepared() is False
+
+
+def test_task_interface():
+  task = tasks.get_task("text")
+  assert task is text
+  assert (task.NAME, task.NUM_CLASSES, task.MODEL, task.VOCAB_SIZE, task.PAD_ID) == \
+      ("text", 2, "classifier", 257, 0)
+
+
+def test_configs_base_is_lra_and_small_is_smaller():
+  base = text_config.get_config("size=base")
+  m = base.model
+  assert (base.data.max_length, m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim) == \
+      (1000, 4, 256, 4, 256, 1024)
+  assert (m.dropout, m.pos_emb, m.pool, base.data.validation) == (0.1, "sinusoidal", "cls", "test")
+  assert (base.batch_size, base.learning_rate, base.schedule, base.warmup_steps,
+          base.weight_decay, base.num_train_steps) == (32, 0.05, "rsqrt", 8000, 0.1, 20_000)
+  small = text_config.get_config("size=small,attention=band,window=8")
+  assert small.data.max_length < 1000 and small.model.emb_dim < 256
+  assert small.model.attention.window == 8 and small.task == "text"
+  with pytest.raises(ValueError, match="valid sizes"):
+    text_config.get_config("size=large")
+  runs = []
+  text_config.sweep(lambda **kw: runs.append(kw))
+  assert runs and all("size=base" in r["config_arg"] for r in runs)
+  assert "lra run text" in text_config.__doc__
+
+
+def test_two_training_steps(built, tmp_path):
+  root, _, _, _ = built
+  c = text_config.get_config("size=small")
+  c.data = data_cfg(root)
+  c.model.emb_dim, c.model.qkv_dim, c.model.mlp_dim, c.model.classifier_dim = 16, 16, 32, 16
+  c.model.num_heads, c.model.num_layers = 2, 1
+  c.model.attention = dict(kind="dot_product",
+                           **common.attention_defaults("dot_product", window=4, max_length=64))
+  c.batch_size, c.eval_batch_size = 8, 8
+  c.num_train_steps, c.warmup_steps = 2, 1
+  c.log_every, c.eval_every, c.checkpoint_every = 1, 100, 100
+  c.progress = False
+  results = train.train_and_evaluate(c, str(tmp_path / "run"))
+  assert results["train_step_traces"] == 1 and int(results["state"]["step"]) == 2
+  assert results["test_examples"] == 4 and np.isfinite(results["test_loss"])
+  assert results["majority_class_rate"] == 0.5
