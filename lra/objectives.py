@@ -1,7 +1,7 @@
 """Losses and metric sums for each model family (`task.MODEL`): one literal table.
 
 Each objective maps (model, batch, rng) to sums over the batch: `loss_sum` (cross-entropy),
-`correct`, and `weight` (the number of examples, or of predicted tokens for language models).
+`correct`, and `weight` (the number of examples, or of scored tokens for language models).
 Eval batches carry a float `weights` field (0 for filler examples); train batches count every
 example. The trainer divides sums only when it reports, so padding and device splits add up
 exactly.
@@ -43,11 +43,23 @@ def matching(model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]
 
 
 def language_modelling(model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
-  """inputs `[B, L]` -> next-token sums over real target tokens (id 0 = padding)."""
+  """Next-token sums; `weight` counts the scored tokens.
+
+  With explicit `targets` `[B, L]` (the character-LM windows), position i of the logits is
+  scored against targets[:, i] where `mask` `[B, L]` is nonzero (every real target when there is
+  no mask). Without them, inputs `[B, L]` predict themselves shifted by one and id 0 is padding.
+  Eval batches' per-example `weights` multiply either mask.
+  """
   inputs = batch["inputs"]
-  logits = model(inputs, rng=rng)[:, :-1]                                  # [B, L-1, V]
-  targets = inputs[:, 1:]                                                  # [B, L-1]
-  weights = (targets > 0).astype(jnp.float32)
+  logits = model(inputs, rng=rng)                                          # [B, L, V]
+  if "targets" in batch:
+    targets = batch["targets"]                                             # [B, L]
+    mask = batch["mask"] if "mask" in batch else targets > 0
+  else:
+    logits = logits[:, :-1]                                                # [B, L-1, V]
+    targets = inputs[:, 1:]                                                # [B, L-1]
+    mask = targets > 0
+  weights = mask.astype(jnp.float32)
   if "weights" in batch:
     weights = weights * batch["weights"].astype(jnp.float32)[:, None]
   return _sums(logits, targets, weights)

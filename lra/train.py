@@ -8,10 +8,13 @@ model inside, and applies optax AdamW directly. Parameters are created directly 
 
 The workdir holds: `config.json` (the resolved config), `checkpoints/` (state + data iterator
 position, periodic and final, newest `keep_checkpoints` kept), `best/` (the parameters with the
-best validation accuracy), `metrics.jsonl`, `tensorboard/` (the same metrics as TensorBoard
-scalars) and `results.json` (final test evaluation).
+best validation accuracy, or the lowest validation loss for language models), `metrics.jsonl`,
+`tensorboard/` (the same metrics as TensorBoard scalars) and `results.json` (final test
+evaluation; language models add bits per character).
 Re-running in the same workdir resumes exactly where the last checkpoint left off. Ctrl-C saves
-a checkpoint and returns with `results["interrupted"] = True`.
+a checkpoint and returns with `results["interrupted"] = True`. `config.init_from` (optional) names
+another run's checkpoint directory (or its workdir) whose newest parameters initialise a run
+that has no checkpoint of its own; the staged character-LM schedule chains its phases this way.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 from flax import nnx
 
 import models
@@ -71,8 +75,9 @@ def model_config(config: ml_collections.ConfigDict, task) -> dict[str, Any]:
   cfg = config.model.to_dict()
   cfg["attention"] = dict(cfg["attention"])
   cfg["layer_attention"] = tuple(dict(x) for x in (cfg.get("layer_attention") or ()))
-  cfg.update(vocab_size=task.VOCAB_SIZE, num_classes=task.NUM_CLASSES,
-             max_length=int(config.data.max_length))
+  # Evaluation windows may be longer than the training ones (character LMs, `eval_length`).
+  max_length = max(int(config.data.max_length), int(config.data.get("eval_length", 0) or 0))
+  cfg.update(vocab_size=task.VOCAB_SIZE, num_classes=task.NUM_CLASSES, max_length=max_length)
   return cfg
 
 
@@ -217,6 +222,48 @@ class Trainer:
     return metrics.summarise(total, bits_per_char=self.task.MODEL == "lm")
 
 
+def load_params(directory: str, abstract_params: Any) -> tuple[Any, int]:
+  """The newest parameters saved in a checkpoint directory (or a workdir's `checkpoints/`).
+
+  Only `params` is read (partial restore), so the source run may have had another optimizer or
+  schedule; the shapes must match. Returns (params, step); raises CheckpointError naming the
+  directory when there is nothing to restore.
+  """
+  directory = os.path.abspath(os.path.expanduser(directory))
+  if os.path.isdir(os.path.join(directory, "checkpoints")):
+    directory = os.path.join(directory, "checkpoints")
+  manager, step = None, None
+  if os.path.isdir(directory):
+    manager = ocp.CheckpointManager(directory, item_names=("state", "data"))
+    step = manager.latest_step()
+  if step is None:
+    if manager is not None:
+      manager.close()
+    raise checkpoint.CheckpointError(
+        f"config.init_from = {directory} holds no finished checkpoint to initialise from; "
+        f"finish that run first or clear init_from.")
+  target = {"params": abstract_params}
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True)))
+  except Exception as e:  # noqa: BLE001 - report which directory and why, whatever failed
+    raise checkpoint.CheckpointError(
+        f"could not read the parameters of step {step} in {directory} (config.init_from): "
+        f"{type(e).__name__}: {str(e)[:300]}. The model config must match that run's "
+        f"(parameter shapes may not depend on the sequence length).") from e
+  finally:
+    manager.close()
+  return restored["state"]["params"], step
+
+
+def _improves(m: dict[str, float], best: dict[str, Any], lm: bool) -> bool:
+  """Whether validation metrics `m` beat `best` (accuracy; loss for language models)."""
+  if lm:
+    return m["loss"] < best.get("loss", float("inf"))
+  return m["accuracy"] > best["accuracy"]
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        *, hooks: Sequence[Callable[[int], None]] = ()) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming from its checkpoints) and evaluates on test.
@@ -253,6 +300,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     state, data_state, start_step = restored
     train_iter.set_state(data_state["train_iterator"])
     print(f"Resumed from {ckpt.directory} at step {start_step}.", flush=True)
+  elif config.get("init_from"):
+    params, from_step = load_params(config.init_from, checkpoint.abstract_like(state["params"]))
+    state = {**state, "params": params}
+    print(f"Initialised the parameters from {config.init_from} (step {from_step}).", flush=True)
   best = {"accuracy": -1.0, "step": -1}
   if best_ckpt.steps():
     best_restored = best_ckpt.restore_latest(
@@ -270,7 +321,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     m = trainer.evaluate(params, input_pipeline.eval_batches(
         sources["validation"], batch_size=eval_batch * jax.process_count(), **shard))
     writer.write(step, "validation", m)
-    if m["accuracy"] > best["accuracy"]:
+    if _improves(m, best, task.MODEL == "lm"):
       best = {"accuracy": m["accuracy"], "step": step, "loss": m["loss"]}
       best_ckpt.save(step, {"params": params}, {"best": best}, force=True)
     return m
@@ -343,6 +394,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     results["majority_class_rate"] = float(label_counts.max() / label_counts.sum())
   if task.MODEL == "lm":
     results["test_bpc"] = test_best["bpc"]
+    results["final_test_bpc"] = test_final["bpc"]
+    results["final_validation_bpc"] = final_val["bpc"]
+    results["best_validation_bpc"] = best.get("loss", float("nan")) / np.log(2.0)
   _write_json(os.path.join(workdir, "results.json"), results)
   ckpt.close()
   best_ckpt.close()
