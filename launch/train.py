@@ -6,17 +6,23 @@
 `--config.a.b=V` overrides an existing field; V is parsed as a Python literal when it is one
 (numbers, booleans, tuples, dicts) and checked against the field's current type. Unknown fields
 raise with the valid names at that level. The `lra` console command (launch/cli.py) calls this.
+
+Staged training: a config with a non-empty `phases` (the character-LM configs) runs phase k as
+its own `train_and_evaluate` in `<workdir>/phase<k>`, with the phase's steps, sequence length,
+window multiplier, learning rate, batch size and warmup (`phase_config`), starting from phase
+k-1's final parameters (`config.init_from`). A phase whose `results.json` exists is skipped and
+an interrupted one resumes, so rerunning the command continues the schedule.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib
+import json
 import os
 import sys
-from typing import Any, Sequence
-
-import importlib
+from typing import Any, Callable, Sequence
 
 import ml_collections
 
@@ -132,6 +138,101 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                            "it resumes")
 
 
+# The fields a phase sets (`config.phases` is a tuple of dicts with exactly these keys).
+PHASE_KEYS = ("steps", "max_length", "window_scale", "learning_rate", "batch_size",
+              "warmup_steps")
+
+
+def _scale_window(spec: Any, scale: float) -> Any:
+  """An attention spec dict with its `window` (when it has one) multiplied by `scale`."""
+  spec = dict(spec)
+  if "window" in spec:
+    spec["window"] = int(round(spec["window"] * scale))
+  return spec
+
+
+def phase_config(config: ml_collections.ConfigDict, index: int) -> ml_collections.ConfigDict:
+  """The config of phase `index` (0-based): `config` with the phase's fields set and no phases.
+
+  Attention windows (the default spec and every per-layer one) are multiplied by the phase's
+  `window_scale`; the model's parameters must not depend on the length (pos_emb "sinusoidal"
+  or "none"), since every phase continues the previous one's parameters.
+  """
+  phases = [dict(p) for p in config.phases]
+  for k, phase in enumerate(phases):
+    if set(phase) != set(PHASE_KEYS):
+      raise ValueError(f"config.phases[{k}] has keys {sorted(phase)}; a phase needs exactly "
+                       f"{', '.join(PHASE_KEYS)}.")
+  if config.model.pos_emb == "learned" and len({p["max_length"] for p in phases}) > 1:
+    raise ValueError("the phases change the sequence length, so the model's parameters must "
+                     "not depend on it: use --config.model.pos_emb=sinusoidal (or none).")
+  phase = phases[index]
+  c = ml_collections.ConfigDict(config.to_dict())
+  with c.unlocked(), c.ignore_type():
+    c.phases = ()
+    c.num_train_steps = int(phase["steps"])
+    c.data.max_length = int(phase["max_length"])
+    c.learning_rate = float(phase["learning_rate"])
+    c.batch_size = int(phase["batch_size"])
+    c.warmup_steps = int(phase["warmup_steps"])
+    scale = float(phase["window_scale"])
+    c.model.attention = ml_collections.ConfigDict(
+        _scale_window(config.model.attention.to_dict(), scale), type_safe=False)
+    c.model.layer_attention = tuple(_scale_window(x, scale)
+                                    for x in (config.model.layer_attention or ()))
+    if "init_from" not in c:
+      c.init_from = ""
+  return c
+
+
+def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
+               hooks: Sequence[Callable[[int], None]] = ()) -> dict[str, Any]:
+  """Runs every phase of `config.phases` in `<workdir>/phase<k>` (k from 1), each starting
+  from the previous phase's final parameters; skips finished phases. Returns the results of
+  the last phase run (or read), plus "phases" (each phase's results.json) and "interrupted".
+  """
+  from lra import train  # heavy imports only when training
+  count = len(config.phases)
+  summary = []
+  results: dict[str, Any] = {}
+  for k in range(count):
+    phase_dir = os.path.join(workdir, f"phase{k + 1}")
+    c = phase_config(config, k)
+    if k > 0:
+      with c.unlocked():
+        c.init_from = os.path.join(workdir, f"phase{k}", "checkpoints")
+    done = os.path.join(phase_dir, "results.json")
+    if os.path.exists(done):
+      with open(done) as f:
+        results = {**json.load(f), "interrupted": False}
+      print(f"Phase {k + 1}/{count}: finished earlier ({done}); skipped.", flush=True)
+    else:
+      print(f"Phase {k + 1}/{count}: {c.num_train_steps} steps of batch {c.batch_size}, length "
+            f"{c.data.max_length}, windows x{config.phases[k]['window_scale']}, learning rate "
+            f"{c.learning_rate:g}, in {phase_dir}", flush=True)
+      results = train.train_and_evaluate(c, phase_dir, hooks=hooks)
+      if results["interrupted"]:
+        return {**results, "phases": summary}
+    summary.append({key: v for key, v in results.items() if key not in ("state", "interrupted")})
+  return {**results, "phases": summary}
+
+
+def result_line(results: dict[str, Any], workdir: str) -> str:
+  """The final line of a run: test accuracy, or test bits per character for language models."""
+  where = os.path.join(workdir, "results.json")
+  if "test_bpc" in results:
+    if results.get("phases"):
+      where = os.path.join(workdir, f"phase{len(results['phases'])}", "results.json")
+    return (f"test bits per character {results['test_bpc']:.4f} (uniform over bytes: 8), best "
+            f"validation {results['best_validation_bpc']:.4f} at step "
+            f"{results['best_validation_step']}; results in {where}")
+  line = f"test accuracy {results['test_accuracy']:.4f}"
+  if "majority_class_rate" in results:
+    line += f" (majority class {results['majority_class_rate']:.4f})"
+  return line + (f", best validation accuracy {results['best_validation_accuracy']:.4f} at step "
+                 f"{results['best_validation_step']}; results in {where}")
+
+
 def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   """Trains; returns the process exit status (130 when interrupted by Ctrl-C)."""
   try:
@@ -143,16 +244,18 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   workdir = args.workdir or default_workdir(args.task, config)
   print(f"Training {args.task} ({config.config_arg}) in {workdir}", flush=True)
   from lra import train  # heavy imports only once the arguments are valid
-  results = train.train_and_evaluate(config, workdir)
+  if config.get("phases"):
+    try:
+      phase_config(config, 0)  # checks the phase fields before anything is built
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+    results = run_phases(config, workdir)
+  else:
+    results = train.train_and_evaluate(config, workdir)
   if results["interrupted"]:
     return 130
-  line = f"test accuracy {results['test_accuracy']:.4f}"
-  if "majority_class_rate" in results:
-    line += f" (majority class {results['majority_class_rate']:.4f})"
-  line += (f", best validation accuracy {results['best_validation_accuracy']:.4f} at step "
-           f"{results['best_validation_step']}; results in "
-           f"{os.path.join(workdir, 'results.json')}")
-  print(line, flush=True)
+  print(result_line(results, workdir), flush=True)
   return 0
 
 
