@@ -242,8 +242,13 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   workdir = args.workdir or default_workdir(args.task, config)
+  from lra import archives, tasks, train  # heavy imports only once the arguments are valid
+  try:  # the data first: a missing or corrupt file is reported before anything is compiled
+    tasks.get_task(config.task).prepare(config.data)
+  except (archives.DataMissingError, archives.CorruptArchiveError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   print(f"Training {args.task} ({config.config_arg}) in {workdir}", flush=True)
-  from lra import train  # heavy imports only once the arguments are valid
   if config.get("phases"):
     try:
       phase_config(config, 0)  # checks the phase fields before anything is built

@@ -70,3 +70,13 @@ def test_data_status_and_prepare(tmp_path, monkeypatch, capsys):
   assert "lra_release.gz" in err and str(tmp_path / "m") in err
   assert cli.main(["data", "prepare", "listops_x"]) == 2
   assert "valid names: enwik8" in capsys.readouterr().err
+
+
+def test_run_with_missing_data_prints_what_to_get(tmp_path, capsys):
+  manual = tmp_path / "manual"
+  assert cli.main(["run", "text", "--workdir", str(tmp_path / "w"),
+                   f"--config.data.manual_dir={manual}", "--config.data.download=false"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and "Traceback" not in err
+  assert "aclImdb_v1.tar.gz" in err and str(manual) in err and "https://" in err
+  assert not (tmp_path / "w").exists()  # nothing was started
