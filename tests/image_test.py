@@ -1,0 +1,262 @@
+"""Tests for lra.tasks.image and configs/image.py: a CIFAR-10 python archive in the original
+format (Python 2 pickles in a tar.gz), the LRA grayscale formula, splits, ids (black = 1, not
+padding), missing/corrupt archive errors, the restricted unpickler, and two training steps."""
+
+import io
+import os
+import pickle
+import struct
+import tarfile
+
+import jax
+import numpy as np
+import pytest
+
+from configs import common, image as image_config
+from lra import archives, metrics, train
+from lra.tasks import image
+
+jax.config.update("jax_disable_most_optimizations", True)
+
+PER_BATCH = 4  # images per fixture batch: 20 training images -> 18 train, 2 validation
+
+
+# ----------------------------------------------------------------------------------------------
+# The archive format, written the way Python 2 cPickle (protocol 2) wrote the CIFAR-10 batches:
+# str as SHORT_BINSTRING/BINSTRING, numpy arrays through numpy.core.multiarray._reconstruct.
+
+
+def _py2(obj) -> bytes:
+  if isinstance(obj, bytes):
+    if len(obj) < 256:
+      return b"U" + bytes([len(obj)]) + obj
+    return b"T" + struct.pack("<i", len(obj)) + obj
+  if isinstance(obj, bool):
+    return b"\x88" if obj else b"\x89"
+  if isinstance(obj, int):
+    if 0 <= obj < 256:
+      return b"K" + bytes([obj])
+    return b"J" + struct.pack("<i", obj)
+  if obj is None:
+    return b"N"
+  if isinstance(obj, tuple):
+    return b"(" + b"".join(_py2(x) for x in obj) + b"t"
+  if isinstance(obj, list):
+    return b"](" + b"".join(_py2(x) for x in obj) + b"e"
+  if isinstance(obj, dict):
+    return b"}(" + b"".join(_py2(k) + _py2(v) for k, v in obj.items()) + b"u"
+  if isinstance(obj, np.ndarray):
+    assert obj.dtype == np.uint8
+    dtype = (b"cnumpy\ndtype\n" + _py2((b"u1", 0, 1)) + b"R"
+             + _py2((3, b"|", None, None, None, -1, -1, 0)) + b"b")
+    # _reconstruct(ndarray, (0,), 'b'), then BUILD with (1, shape, dtype, False, raw bytes)
+    return (b"cnumpy.core.multiarray\n_reconstruct\n(cnumpy\nndarray\n" + _py2((0,))
+            + _py2(b"b") + b"tR(" + _py2(1) + _py2(tuple(obj.shape)) + dtype + _py2(False)
+            + _py2(obj.tobytes()) + b"tb")
+  raise TypeError(type(obj))
+
+
+def py2_pickle(obj) -> bytes:
+  return b"\x80\x02" + _py2(obj) + b"."
+
+
+def _add(tar, name, data):
+  info = tarfile.TarInfo(name)
+  info.size = len(data)
+  tar.addfile(info, io.BytesIO(data))
+
+
+def write_cifar(path, *, seed=0, test_batch=None):
+  """A cifar-10-python.tar.gz with PER_BATCH images per batch; returns {batch: (rgb, labels)}
+  with rgb uint8 [N, 32, 32, 3]. Image 0 of data_batch_1 is black, image 1 white."""
+  rng = np.random.default_rng(seed)
+  content = {}
+  with tarfile.open(path, "w:gz") as tar:
+    for i, name in enumerate([f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]):
+      rgb = rng.integers(0, 256, (PER_BATCH, 32, 32, 3), dtype=np.uint8)
+      if i == 0:
+        rgb[0], rgb[1] = 0, 255
+      labels = [int(x) for x in rng.integers(0, 10, PER_BATCH)]
+      content[name] = (rgb, np.array(labels))
+      data = rgb.transpose(0, 3, 1, 2).reshape(PER_BATCH, 3072)  # R plane, G plane, B plane
+      batch = {b"batch_label": f"batch {name}".encode(), b"labels": labels, b"data": data,
+               b"filenames": [f"img_{j}.png".encode() for j in range(PER_BATCH)]}
+      blob = py2_pickle(batch)
+      if name == "test_batch" and test_batch is not None:
+        blob = test_batch
+      _add(tar, f"cifar-10-batches-py/{name}", blob)
+    meta = {b"num_cases_per_batch": PER_BATCH, b"num_vis": 3072,
+            b"label_names": [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog",
+                             b"frog", b"horse", b"ship", b"truck"]}
+    _add(tar, "cifar-10-batches-py/batches.meta", py2_pickle(meta))
+    _add(tar, "cifar-10-batches-py/readme.html", b"<html></html>")
+  return content
+
+
+def reference_gray(rgb):
+  """The TF formula in float64: (gray value, mask of values within 1e-4 of an integer, where
+  float32 rounding may land on either side)."""
+  v = rgb.astype(np.float64) / 255.0 @ np.array([0.2989, 0.5870, 0.1140]) * 255.5
+  near = np.abs(v - np.rint(v)) < 1e-4
+  return np.floor(np.clip(v, 0, 255)).astype(np.int64), near
+
+
+def assert_gray(got, rgb):
+  want, near = reference_gray(rgb)
+  diff = np.asarray(got, np.int64) - want
+  assert np.all(diff[~near] == 0)
+  assert np.all(np.abs(diff[near]) <= 1)
+
+
+def _cfg(tmp_path, **kw):
+  cfg = image.data_config()
+  cfg.data_dir = str(tmp_path / "data")
+  cfg.manual_dir = str(tmp_path / "manual")
+  cfg.download = False
+  cfg.update(kw)
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+  root = tmp_path_factory.mktemp("image")
+  os.makedirs(root / "manual")
+  content = write_cifar(str(root / "manual" / image.CIFAR10.filename))
+  cfg = _cfg(root)
+  before = image.status(cfg)
+  image.prepare(cfg)
+  return cfg, content, before
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def test_grayscale_is_the_tf_formula_for_every_colour():
+  v = np.arange(256, dtype=np.uint8)
+  rgb = np.stack(np.meshgrid(v, v, v, indexing="ij"), -1).reshape(-1, 3)  # [2^24, 3]
+  got = image.rgb_to_grayscale(rgb)
+  assert got.dtype == np.uint8
+  assert_gray(got, rgb)
+  want, _ = reference_gray(rgb)
+  # float32 rounding moves a few colours that sit exactly on an integer boundary, no more.
+  assert 0 < np.count_nonzero(got != want) < 1000
+  assert image.rgb_to_grayscale(np.array([255, 255, 255], np.uint8)) == 255  # 0.9999 * 255.5
+  assert image.rgb_to_grayscale(np.array([255, 0, 0], np.uint8)) == 76      # 0.2989 * 255.5
+
+
+def test_dataset_from_the_archive(prepared):
+  cfg, content, before = prepared
+  assert not before.ready and "prepare image" in before.detail
+  after = image.status(cfg)
+  assert after.ready and after.detail.startswith(cfg.data_dir)
+  src = {s: image.get_source(cfg, s) for s in ("train", "validation", "test")}
+  assert [len(src[s]) for s in src] == [18, 2, PER_BATCH]
+  rgb = np.concatenate([content[f"data_batch_{k}"][0] for k in range(1, 6)])
+  labels = np.concatenate([content[f"data_batch_{k}"][1] for k in range(1, 6)])
+  expected = {"train": (rgb[:18], labels[:18]), "validation": (rgb[18:], labels[18:]),
+              "test": content["test_batch"]}
+  for split, (images, targets) in expected.items():
+    for i in range(len(targets)):
+      ex = src[split][i]
+      assert ex["inputs"].shape == (1024,) and ex["inputs"].dtype == np.int32
+      assert int(ex["targets"]) == targets[i]
+      assert ex["inputs"].min() >= 1  # no padding: every pixel is data
+      assert_gray(ex["inputs"] - 1, images[i].reshape(1024, 3))  # row-major, id = gray + 1
+  black, white = src["train"][0]["inputs"], src["train"][1]["inputs"]
+  assert np.all(black == 1) and np.all(white == 256)
+  batch = src["test"].__getitems__([2, 0])
+  np.testing.assert_array_equal(batch[0]["inputs"], src["test"][2]["inputs"])
+  cfg2 = cfg.copy_and_resolve_references()
+  cfg2.max_length = 512
+  with pytest.raises(ValueError, match="max_length=1024"):
+    image.get_source(cfg2, "train")
+
+
+def test_missing_archive_names_url_file_and_directory(tmp_path):
+  cfg = _cfg(tmp_path)
+  status = image.status(cfg)
+  assert not status.ready and image.CIFAR10.url in status.detail
+  with pytest.raises(archives.DataMissingError) as err:
+    image.get_source(cfg, "train")
+  msg = str(err.value)
+  assert image.CIFAR10.url in msg and "cifar-10-python.tar.gz" in msg
+  assert os.path.join(str(tmp_path), "manual") in msg
+  with pytest.raises(ValueError, match="valid splits"):
+    image.get_source(cfg, "val")
+
+
+def test_truncated_archive_leaves_no_dataset(tmp_path):
+  os.makedirs(tmp_path / "manual")
+  path = str(tmp_path / "manual" / image.CIFAR10.filename)
+  write_cifar(path)
+  with open(path, "rb") as f:
+    data = f.read()
+  with open(path, "wb") as f:
+    f.write(data[:len(data) // 2])
+  cfg = _cfg(tmp_path)
+  with pytest.raises(archives.CorruptArchiveError, match="truncated or corrupt"):
+    image.prepare(cfg)
+  assert image._builder(cfg).is_prepared() is False
+  assert not os.path.exists(os.path.join(cfg.data_dir, "lra_image", "grayscale", "1.0.0"))
+  assert not image.status(cfg).ready
+
+
+def test_pickle_with_other_globals_is_refused(tmp_path):
+  class Evil:
+    def __reduce__(self):
+      return (os.system, ("echo pwned",))
+  os.makedirs(tmp_path / "manual")
+  write_cifar(str(tmp_path / "manual" / image.CIFAR10.filename),
+              test_batch=pickle.dumps({b"data": Evil()}, protocol=2))
+  cfg = _cfg(tmp_path)
+  with pytest.raises(archives.CorruptArchiveError, match="refusing to load the global"):
+    image.prepare(cfg)
+  assert not image._builder(cfg).is_prepared()
+  with pytest.raises(pickle.UnpicklingError):
+    image.load_pickle(pickle.dumps(Evil(), protocol=4))
+  # numpy arrays pickled by numpy 2 (numpy._core) load too.
+  arr = np.arange(6, dtype=np.uint8).reshape(2, 3)
+  np.testing.assert_array_equal(image.load_pickle(pickle.dumps(arr, protocol=4)), arr)
+
+
+def test_wrong_batch_structure_is_reported(tmp_path):
+  os.makedirs(tmp_path / "manual")
+  write_cifar(str(tmp_path / "manual" / image.CIFAR10.filename),
+              test_batch=py2_pickle({b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}))
+  with pytest.raises(archives.CorruptArchiveError, match=r"uint8 \[N, 3072\]"):
+    image.prepare(_cfg(tmp_path))
+
+
+def test_configs():
+  base = image_config.get_config("size=base")
+  m = base.model
+  assert (m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim) == (1, 128, 8, 64, 128)
+  assert (m.dropout, m.pos_emb, m.pool) == (0.3, "learned", "cls")
+  assert (base.batch_size, base.learning_rate, base.schedule, base.warmup_steps) == \
+      (256, 5e-4, "cosine", 175)
+  assert (base.weight_decay, base.num_train_steps, base.eval_every) == (0.0, 35_000, 175)
+  assert base.data.max_length == 1024 and base.task == "image"
+  band = image_config.get_config("size=small,attention=band,window=9")
+  assert band.model.attention.window == 9 and band.batch_size % 8 == 0
+  runs = []
+  image_config.sweep(lambda **kw: runs.append(kw))
+  assert len(runs) == 3 * len({r["config_arg"] for r in runs})
+  assert "lra run image" in image_config.__doc__
+
+
+def test_two_training_steps(prepared, tmp_path):
+  cfg, _, _ = prepared
+  c = image_config.get_config("size=small")
+  c.data = cfg
+  c.model.emb_dim, c.model.qkv_dim, c.model.mlp_dim, c.model.classifier_dim = 16, 16, 32, 16
+  c.model.num_heads = 2
+  c.model.attention = dict(kind="band", **common.attention_defaults("band", window=8,
+                                                                     max_length=1024))
+  c.batch_size, c.eval_batch_size = 8, 8
+  c.num_train_steps, c.warmup_steps = 2, 1
+  c.log_every, c.eval_every, c.checkpoint_every = 1, 100, 100
+  c.progress = False
+  results = train.train_and_evaluate(c, str(tmp_path))
+  assert results["test_examples"] == PER_BATCH and results["train_step_traces"] == 1
+  losses = [r["loss"] for r in metrics.read_metrics(str(tmp_path)) if r["split"] == "train"]
+  assert len(losses) == 2 and np.all(np.isfinite(losses))
