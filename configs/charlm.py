@@ -54,7 +54,6 @@ from types import ModuleType
 
 import ml_collections
 
-import attention
 from configs import common
 
 SIZES = ("base", "large", "small")
@@ -104,15 +103,9 @@ def longformer_phases(size: str, learning_rate: float = 2.5e-4) -> tuple[dict, .
 
 def get_config(task: ModuleType, arg: str | None = None) -> ml_collections.ConfigDict:
   """The config of character-LM `task` for `arg` = "attention=NAME,size=...,window=W"."""
-  a = common.parse_arg(arg, attention="band", size="base", window=0)
-  attention.get(a.attention)  # raises with the valid names when unknown
-  if a.size not in SIZES:
-    raise ValueError(f"unknown size {a.size!r}; valid sizes: {', '.join(SIZES)}.")
+  a = common.task_arg(arg, attention="band", sizes=SIZES)
 
-  c = common.trainer_defaults()
-  c.task = task.NAME
-  c.data = task.data_config()
-  c.model = common.model_defaults()
+  c = common.task_config(task)
   c.model.pos_emb = "sinusoidal"       # no parameters: the phases change the length
   c.init_from = ""                     # a checkpoint directory whose params start this run
   c.schedule = "constant"

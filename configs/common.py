@@ -7,9 +7,12 @@ rejects unknown keys with the list of valid ones.
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import Any, Mapping
 
 import ml_collections
+
+import attention as attention_lib
 
 # Logical axis name (carried by parameters, see models/sharding.py) -> mesh axis or None.
 AXIS_RULES = (
@@ -117,3 +120,38 @@ def attention_defaults(kind: str, *, window: int, max_length: int) -> dict[str, 
       "synthesizer": {"components": "random+dot_product"},
   }
   return dict(table.get(kind, {}))
+
+
+def task_arg(arg: str | None, *, attention: str | Mapping[str, str] = "dot_product",
+             sizes: tuple[str, ...] = ("base", "small")) -> ml_collections.ConfigDict:
+  """Parses a task config's `arg` ("attention=NAME,size=S,window=W") and checks the names.
+
+  `attention` is the default kind, or one default per size ({"base": ..., "small": ...}).
+  """
+  a = parse_arg(arg, attention="", size=sizes[0], window=0)
+  if a.size not in sizes:
+    raise ValueError(f"unknown size {a.size!r}; valid sizes: {', '.join(sizes)}.")
+  if not a.attention:
+    a.attention = attention if isinstance(attention, str) else attention[a.size]
+  attention_lib.get(a.attention)  # raises with the valid names when unknown
+  return a
+
+
+def task_config(task: ModuleType) -> ml_collections.ConfigDict:
+  """Trainer and model defaults plus the task's name and data settings."""
+  c = trainer_defaults()
+  c.task = task.NAME
+  c.data = task.data_config()
+  c.model = model_defaults()
+  return c
+
+
+def set_attention(c: ml_collections.ConfigDict, a: ml_collections.ConfigDict,
+                  window: int) -> None:
+  """Sets the model's attention to kind `a.attention` with its defaults for `window`, and
+  `config_arg` (which names the run's default workdir)."""
+  c.model.attention = ml_collections.ConfigDict(
+      {"kind": a.attention,
+       **attention_defaults(a.attention, window=window, max_length=c.data.max_length)},
+      type_safe=False)
+  c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"

@@ -28,15 +28,8 @@ from lra.tasks import listops
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The ListOps config for `arg` = "attention=NAME,size=base|small,window=W"."""
-  a = common.parse_arg(arg, attention="dot_product", size="base", window=0)
-  attention.get(a.attention)  # raises with the valid names when unknown
-  if a.size not in ("base", "small"):
-    raise ValueError(f"unknown size {a.size!r}; valid sizes: base, small.")
-
-  c = common.trainer_defaults()
-  c.task = listops.NAME
-  c.data = listops.data_config()
-  c.model = common.model_defaults()
+  a = common.task_arg(arg, attention="dot_product")
+  c = common.task_config(listops)
   if a.size == "base":
     # LRA base_listops_config: 4 layers, 512 wide, 8 heads, mlp 1024, batch 32, 5K steps,
     # lr 0.05 rsqrt with 1K warmup, weight decay 0.1, eval every 50 steps in LRA (500 here:
@@ -70,11 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every = 200
     c.checkpoint_every = 200
     window = a.window or 16
-  c.model.attention = ml_collections.ConfigDict(
-      {"kind": a.attention,
-       **common.attention_defaults(a.attention, window=window, max_length=c.data.max_length)},
-      type_safe=False)
-  c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
+  common.set_attention(c, a, window)
   return c
 
 

@@ -37,18 +37,10 @@ SMALL_STEPS = 400
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The Pathfinder config for `arg` = "attention=NAME,size=base|small,window=W"."""
-  a = common.parse_arg(arg, attention="", size="base", window=0)
-  if a.size not in ("base", "small"):
-    raise ValueError(f"unknown size {a.size!r}; valid sizes: base, small.")
   # Default kind: LRA's dense Transformer for base; band for small (dense attention over 1,024
   # tokens costs about 4 s per step of batch 32 on the 2-core development machine).
-  a.attention = a.attention or ("dot_product" if a.size == "base" else "band")
-  attention.get(a.attention)  # raises with the valid names when unknown
-
-  c = common.trainer_defaults()
-  c.task = pathfinder.NAME
-  c.data = pathfinder.data_config()
-  c.model = common.model_defaults()
+  a = common.task_arg(arg, attention={"base": "dot_product", "small": "band"})
+  c = common.task_config(pathfinder)
   m = c.model
   if a.size == "base":
     # LRA image/configs/pathfinder32/transformer_base.py on base_pathfinder32_config.py (after
@@ -92,11 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every = 200
     c.checkpoint_every = 200
     window = a.window or 32
-  m.attention = ml_collections.ConfigDict(
-      {"kind": a.attention,
-       **common.attention_defaults(a.attention, window=window, max_length=c.data.max_length)},
-      type_safe=False)
-  c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
+  common.set_attention(c, a, window)
   return c
 
 

@@ -38,15 +38,8 @@ QUADRATIC = ("dot_product", "synthesizer")  # [L, L] weights or parameters at L 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The Path-X config for `arg` = "attention=NAME,size=base|small,window=W"."""
-  a = common.parse_arg(arg, attention="band", size="base", window=0)
-  attention.get(a.attention)  # raises with the valid names when unknown
-  if a.size not in ("base", "small"):
-    raise ValueError(f"unknown size {a.size!r}; valid sizes: base, small.")
-
-  c = common.trainer_defaults()
-  c.task = pathx.NAME
-  c.data = pathx.data_config()
-  c.model = common.model_defaults()
+  a = common.task_arg(arg, attention="band")
+  c = common.task_config(pathx)
   m = c.model
   if a.size == "base":
     # LRA image/configs/pathfinder128/base_pathfinder128_config.py (its only model config).
@@ -87,11 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every = 100
     c.checkpoint_every = 100
     window = a.window or 32
-  m.attention = ml_collections.ConfigDict(
-      {"kind": a.attention,
-       **common.attention_defaults(a.attention, window=window, max_length=c.data.max_length)},
-      type_safe=False)
-  c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
+  common.set_attention(c, a, window)
   return c
 
 

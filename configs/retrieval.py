@@ -37,15 +37,8 @@ from lra.tasks import retrieval
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The Retrieval config for `arg` = "attention=NAME,size=base|small,window=W"."""
-  a = common.parse_arg(arg, attention="dot_product", size="base", window=0)
-  attention.get(a.attention)  # raises with the valid names when unknown
-  if a.size not in ("base", "small"):
-    raise ValueError(f"unknown size {a.size!r}; valid sizes: base, small.")
-
-  c = common.trainer_defaults()
-  c.task = retrieval.NAME
-  c.data = retrieval.data_config()
-  c.model = common.model_defaults()
+  a = common.task_arg(arg, attention="dot_product")
+  c = common.task_config(retrieval)
   if a.size == "base":
     # LRA base_match_config: 4 layers, emb 128, 4 heads, qkv 128, mlp 512 (head Dense(512) ->
     # Dense(256) -> Dense(2)), dropout 0.1, batch 32, lr 0.05 rsqrt with 8,000 warmup steps,
@@ -98,11 +91,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every = 800  # validation (18,090 pairs) only at the end: it costs more than training
     c.checkpoint_every = 200
     window = a.window or 32
-  c.model.attention = ml_collections.ConfigDict(
-      {"kind": a.attention,
-       **common.attention_defaults(a.attention, window=window, max_length=c.data.max_length)},
-      type_safe=False)
-  c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
+  common.set_attention(c, a, window)
   return c
 
 

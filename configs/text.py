@@ -34,15 +34,8 @@ from lra.tasks import text
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The Text config for `arg` = "attention=NAME,size=base|small,window=W"."""
-  a = common.parse_arg(arg, attention="dot_product", size="base", window=0)
-  attention.get(a.attention)  # raises with the valid names when unknown
-  if a.size not in ("base", "small"):
-    raise ValueError(f"unknown size {a.size!r}; valid sizes: base, small.")
-
-  c = common.trainer_defaults()
-  c.task = text.NAME
-  c.data = text.data_config()
-  c.model = common.model_defaults()
+  a = common.task_arg(arg, attention="dot_product")
+  c = common.task_config(text)
   if a.size == "base":
     # LRA base_tc_config: 4 layers, emb 256, 4 heads, qkv 256, mlp 1024 (classifier head
     # Dense(mlp_dim)), dropout 0.1, sinusoidal positions, CLS pooling, batch 32, lr 0.05 rsqrt
@@ -94,11 +87,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every = 500
     c.checkpoint_every = 500
     window = a.window or 32
-  c.model.attention = ml_collections.ConfigDict(
-      {"kind": a.attention,
-       **common.attention_defaults(a.attention, window=window, max_length=c.data.max_length)},
-      type_safe=False)
-  c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
+  common.set_attention(c, a, window)
   return c
 
 
