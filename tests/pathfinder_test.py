@@ -225,11 +225,6 @@ def test_generate_writes_the_release_layout_then_builds(tmp_path, monkeypatch):
 
 
 def test_real_generator(tmp_path):
-  try:
-    from lra.tasks import pathfinder_generator
-    pathfinder_generator.write_dataset
-  except (ImportError, AttributeError):
-    pytest.skip("lra.tasks.pathfinder_generator.write_dataset is not in this checkout yet")
   cfg = _cfg(tmp_path, generate=True, num_generated=20, generator_seed=1)
   src = {s: pathfinder.get_source(cfg, s) for s in ("train", "validation", "test")}
   assert sum(len(s) for s in src.values()) <= 20 and len(src["train"]) >= 14
