@@ -87,8 +87,8 @@ def missing_message(archive: Archive, manual_dir: str, *, what: str = "",
          f"{os.path.join(manual_dir, archive.filename)}")
   if archive is LRA_RELEASE:
     msg += f" (or extract it there, so that {os.path.join(manual_dir, 'lra_release')} exists)"
-  msg += (". Then rerun, or run `lra data prepare TASK --manual_dir DIR` to use another "
-          "directory.")
+  msg += (". Then rerun. To keep the files elsewhere, pass --manual_dir DIR to `lra data "
+          "prepare`, or --config.data.manual_dir=DIR to `lra run`.")
   if reason:
     msg += f" ({reason})"
   return msg
