@@ -6,9 +6,10 @@ softmax weights exp(q.k / sqrt(d)) are estimated without bias by positive random
 
 so that E[phi(q).phi(k)] = exp(q.k / sqrt(d)), and the attention becomes linear in length (see
 `attention.linear`). `favor_features` draws the `[m, d]` matrix W, by default with orthogonal
-blocks (QR of Gaussian matrices with the sign correction that makes Q Haar-distributed, rows
-rescaled by the norms of independent Gaussian vectors as in the paper), or i.i.d. Redrawing is
-the caller's choice: call it again with a new key.
+blocks (QR of Gaussian matrices with the sign correction that makes Q Haar-distributed, computed
+by Gram-Schmidt, see `orthonormal_columns`; rows rescaled by the norms of independent Gaussian
+vectors as in the paper), or i.i.d. Redrawing is the caller's choice: call it again with a new
+key.
 
 Numerical stabilisation, and why it is causal-safe. The exponents can be large, so each side is
 shifted before `exp`, by amounts that cancel exactly:
@@ -62,8 +63,8 @@ def favor_features(key, num_features: int, head_dim: int, *, orthogonal: bool = 
     key: a `jax.random` key (or an int seed). A new key redraws the features.
     num_features: m, the number of random features (e.g. 256; the paper uses m ~ d log d).
     head_dim: d, the per-head dimension of q and k.
-    orthogonal: draw ceil(m / d) blocks of d mutually orthogonal rows (QR of a Gaussian matrix,
-      columns multiplied by sign(diag(R)) so Q is Haar-distributed), keeping the first m rows,
+    orthogonal: draw ceil(m / d) blocks of d mutually orthogonal rows (the Q of a Gaussian
+      matrix's QR with diag(R) > 0, so Q is Haar-distributed), keeping the first m rows,
       and rescale each row by the norm of an independent N(0, I_d) vector so every row has the
       marginal law of a Gaussian vector. False: i.i.d. N(0, I_d) rows.
   """
@@ -76,12 +77,35 @@ def favor_features(key, num_features: int, head_dim: int, *, orthogonal: bool = 
   key_blocks, key_norms = jax.random.split(key)
   num_blocks = -(-m // d)
   g = jax.random.normal(key_blocks, (num_blocks, d, d), jnp.float32)
-  q, r = jnp.linalg.qr(g)                                          # [nb, d, d]
-  diag = jnp.diagonal(r, axis1=-2, axis2=-1)                       # [nb, d]
-  q = q * jnp.where(diag < 0, -1.0, 1.0)[:, None, :]               # sign correction (columns)
+  q = orthonormal_columns(g)                                       # [nb, d, d]
   rows = jnp.swapaxes(q, -1, -2).reshape(num_blocks * d, d)[:m]    # orthonormal rows per block
   norms = jnp.linalg.norm(jax.random.normal(key_norms, (m, d), jnp.float32), axis=-1)
   return rows * norms[:, None]
+
+
+def orthonormal_columns(g):
+  """The Q factor of `g = QR` `[..., d, d]` with diag(R) > 0, by Gram-Schmidt without LAPACK.
+
+  This is the QR of a Gaussian matrix with the sign correction (so Q is Haar-distributed), up to
+  rounding. It is computed with matmuls only (classical Gram-Schmidt, each column orthogonalised
+  twice, which keeps float32 columns orthonormal to ~1e-6), because a jitted program holding
+  several `jnp.linalg.qr` calls next to other work can deadlock XLA:CPU's thread pool (seen with
+  jax 0.10.2: a model whose layers each draw FAVOR+ features hung in its initialisation).
+  """
+  d = g.shape[-1]
+  hi = jax.lax.Precision.HIGHEST
+
+  def column(j, q):
+    done = (jnp.arange(d) < j).astype(g.dtype)                     # columns already built
+    basis = q * done                                               # [..., d, d]
+    c = jnp.take(g, j, axis=-1)                                    # [..., d]
+    for _ in range(2):
+      coef = jnp.einsum("...ij,...i->...j", basis, c, precision=hi)
+      c = c - jnp.einsum("...ij,...j->...i", basis, coef, precision=hi)
+    c = c / jnp.linalg.norm(c, axis=-1, keepdims=True)
+    return jax.lax.dynamic_update_index_in_dim(q, c[..., None], j, axis=-1)
+
+  return jax.lax.fori_loop(0, d, column, jnp.zeros_like(g))
 
 
 def check_features(features, head_dim: int) -> None:

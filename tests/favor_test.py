@@ -1,6 +1,11 @@
 """Tests for attention.favor: random features, exactness of the kernel sums, causality, padding,
 bfloat16 range at long length, approximation quality, and input errors."""
 
+import os
+import re
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,6 +80,33 @@ def test_orthogonal_blocks_are_haar_sign_corrected():
   unit = (w / np.linalg.norm(w, axis=-1, keepdims=True)).reshape(blocks, d, d)
   diag = np.diagonal(unit, axis1=1, axis2=2)        # Q[i, i] of every block
   assert abs(diag.mean()) < 0.05, diag.mean()        # Haar: 0 +- 0.013; unfixed: about -0.4
+
+
+@pytest.mark.parametrize("d", [1, 7, 64])
+def test_orthonormal_columns_equal_sign_corrected_qr(d):
+  g = np.random.default_rng(d).normal(size=(5, d, d))
+  q = np.asarray(favor.orthonormal_columns(jnp.asarray(g, jnp.float32)), np.float64)
+  ref, r = np.linalg.qr(g)
+  ref = ref * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]
+  np.testing.assert_allclose(q, ref, atol=2e-4)
+  np.testing.assert_allclose(np.swapaxes(q, 1, 2) @ q, np.broadcast_to(np.eye(d), q.shape),
+                             atol=2e-5)
+
+
+def test_features_of_many_layers_in_one_jitted_program():
+  """A model initialises every layer's features in one jitted program. With `jnp.linalg.qr`
+  (LAPACK) next to the other draws, that program deadlocked XLA:CPU on a 2-core machine; the
+  features are built from matmuls only, and eight draws of 256 x 64 finish in a fresh process."""
+  draw = lambda key: [favor.favor_features(k, 256, 64) for k in jax.random.split(key, 8)]
+  jaxpr = str(jax.make_jaxpr(draw)(jax.random.key(0)))
+  assert not re.search(r"\b(qr|geqrf|householder_product)\b", jaxpr), jaxpr[:2000]
+  code = ("import jax, attention\n"
+          "f = jax.jit(lambda key: [attention.favor_features(k, 256, 64)\n"
+          "                         for k in jax.random.split(key, 8)])\n"
+          "jax.block_until_ready(f(jax.random.key(0))); print('done')\n")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("kernel,causal,length,chunk", [
