@@ -35,18 +35,29 @@ class Buffer(nnx.Variable):
 
 
 class FavorFeatures(nnx.Module):
-  """FAVOR+ random features `[num_features, head_dim]`, drawn once from the layer's key."""
+  """FAVOR+ random features `[num_features, head_dim]`, drawn once from the layer's key.
 
-  CONSUMES = ("num_features",)
+  `redraw=True` draws fresh features at every training call from the step's key (the paper's
+  feature redrawing, which keeps the model from fitting one draw); evaluation (rng None) uses the
+  features drawn at initialisation.
+  """
+
+  CONSUMES = ("num_features", "redraw")
 
   def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
                rngs: nnx.Rngs, layer_index: int = 0):
     del num_heads, max_length, layer_index
-    num_features = int(args.get("num_features", 256))
-    self.features = Buffer(attention.favor_features(rngs.params(), num_features, head_dim))
+    self.num_features = int(args.get("num_features", 256))
+    self.head_dim = head_dim
+    self.redraw = args.get("redraw", False)
+    if not isinstance(self.redraw, bool):
+      raise ValueError(f"favor redraw must be true or false, got {self.redraw!r}.")
+    self.features = Buffer(attention.favor_features(rngs.params(), self.num_features, head_dim))
 
   def __call__(self, *, length: int, rng) -> dict[str, Any]:
-    del length, rng
+    del length
+    if self.redraw and rng is not None:
+      return {"features": attention.favor_features(rng, self.num_features, self.head_dim)}
     return {"features": self.features[...]}
 
 

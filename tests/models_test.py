@@ -181,6 +181,23 @@ def test_linformer_shared_across_layers_is_one_parameter():
   assert count(model) < count(separate)
 
 
+def test_favor_redraw_draws_fresh_features_in_training_only():
+  fixed = models.Classifier(tiny_config("favor", dropout=0.0), rngs=nnx.Rngs(0))
+  cfg = tiny_config("favor", dropout=0.0)
+  cfg["attention"]["redraw"] = True
+  redraw = models.Classifier(cfg, rngs=nnx.Rngs(0))
+  x = tokens()
+  np.testing.assert_array_equal(redraw(x), fixed(x))                   # eval: the init draw
+  a, b = (redraw(x, rng=jax.random.key(s)) for s in (1, 2))
+  assert not np.allclose(a, b)                                          # a new draw per step
+  np.testing.assert_array_equal(a, redraw(x, rng=jax.random.key(1)))
+  assert not np.allclose(a, fixed(x, rng=jax.random.key(1)))
+  np.testing.assert_array_equal(fixed(x, rng=jax.random.key(1)), fixed(x))
+  cfg["attention"]["redraw"] = "yes"
+  with pytest.raises(ValueError, match="redraw must be true or false"):
+    models.Classifier(cfg, rngs=nnx.Rngs(0))
+
+
 @pytest.mark.skipif("favor" not in attention.REGISTRY, reason="favor not registered")
 def test_favor_features_are_not_trained():
   model = models.Classifier(tiny_config("favor"), rngs=nnx.Rngs(0))
