@@ -8,7 +8,8 @@ by the rules table `config.axis_rules`, which maps each logical axis name carrie
 axis need annotations everywhere.
 
 `maybe_initialize_distributed()` starts multi-process JAX when `LRA_DISTRIBUTED=1` (or the
-config's `distributed` flag) is set; a single process needs nothing.
+config's `distributed` flag) is set; a single process needs nothing. Outside a cluster JAX
+detects, JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID say who is who.
 """
 
 from __future__ import annotations
@@ -26,9 +27,21 @@ BATCH_AXES = ("data", "fsdp")
 
 
 def maybe_initialize_distributed(flag: bool = False) -> None:
-  """Calls `jax.distributed.initialize()` when asked to (flag or LRA_DISTRIBUTED=1)."""
-  if flag or os.environ.get("LRA_DISTRIBUTED", "0") == "1":
-    jax.distributed.initialize()
+  """Calls `jax.distributed.initialize()` when asked to (flag or LRA_DISTRIBUTED=1), once.
+
+  On a cluster JAX detects (Cloud TPU, Slurm, Open MPI) it needs nothing else. Elsewhere (for
+  example several processes on one machine) every process sets JAX_COORDINATOR_ADDRESS
+  (host:port of process 0, read by JAX), JAX_NUM_PROCESSES and JAX_PROCESS_ID (read here).
+  """
+  if not (flag or os.environ.get("LRA_DISTRIBUTED", "0") == "1"):
+    return
+  if jax.distributed.is_initialized():  # a second run in the same process (phases)
+    return
+  kwargs = {}
+  for name, env in (("num_processes", "JAX_NUM_PROCESSES"), ("process_id", "JAX_PROCESS_ID")):
+    if os.environ.get(env, ""):
+      kwargs[name] = int(os.environ[env])
+  jax.distributed.initialize(**kwargs)
 
 
 def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, int, int]:
