@@ -34,6 +34,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.experimental import multihost_utils
 
 import models
 from lra import checkpoint, mesh as mesh_lib, metrics, objectives, progress
@@ -134,6 +135,8 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  if jax.process_index() != 0:  # one process reads, renames and writes the shared file
+    return
   path = os.path.join(workdir, "config.json")
   text = config.to_json_best_effort(indent=2, sort_keys=True)
   if os.path.exists(path):
@@ -142,9 +145,8 @@ def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
         print(f"WARNING: the config differs from the one saved in {path}; resuming with the "
               f"new one (the old one is kept as config.previous.json).", flush=True)
         os.replace(path, os.path.join(workdir, "config.previous.json"))
-  if jax.process_index() == 0:
-    with open(path, "w") as f:
-      f.write(text)
+  with open(path, "w") as f:
+    f.write(text)
 
 
 class Trainer:
@@ -371,6 +373,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       sources["test"], batch_size=eval_batch * jax.process_count(), **shard),
       label_counts=label_counts)
   writer.write(total_steps, "test", test_final)
+  if label_counts is not None and jax.process_count() > 1:  # each process saw its own rows
+    label_counts = np.asarray(multihost_utils.process_allgather(label_counts)).sum(0)
   best_params = best_ckpt.restore_latest({"params": checkpoint.abstract_like(state["params"])})
   test_best = test_final
   if best_params is not None and best["step"] != total_steps:
