@@ -1,0 +1,190 @@
+"""Multi-process training (lra/mesh.py, lra/train.py) on a real two-process `jax.distributed`
+cluster: two local CPU processes with 2 devices each (a 4-device global mesh), started the way
+docs/training.md says (`LRA_DISTRIBUTED=1`, JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+JAX_PROCESS_ID, JAX_NUM_CPU_DEVICES, `python -m launch.train`).
+
+One test (the cluster start is the expensive part): the two-process run of a tiny ListOps config
+gives the losses, metrics and parameters of a one-process run on 4 devices; evaluation weighs
+every validation and test example once (the splits do not divide into the eval batch, so the
+last batch has weight-0 fillers, all on process 1); only process 0 writes results.json and
+metrics.jsonl; and the two-process orbax checkpoint of step 2 is resumed by one process, which
+then ends where the one-process run does.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+
+from launch import train as launch_train
+from lra import checkpoint, metrics, tasks, train
+
+jax.config.update("jax_disable_most_optimizations", True)  # as in train_test.py: compiles faster
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT_S = 300  # a hung cluster fails the test instead of blocking the suite
+RTOL = 1e-5
+# A tiny ListOps config (as train_test.tiny_config): 20 validation and test examples in eval
+# batches of 8, so the last global batch holds 4 real examples (process 0) and 4 fillers
+# (process 1).
+OVERRIDES = {
+    "data.num_train": 64, "data.num_val": 20, "data.num_test": 20, "data.max_length": 24,
+    "data.gen_min_length": 4, "data.gen_max_length": 25,
+    "model.emb_dim": 16, "model.qkv_dim": 16, "model.mlp_dim": 32, "model.classifier_dim": 16,
+    "model.num_heads": 2, "model.num_layers": 1, "mesh.data": 4,
+    "batch_size": 16, "eval_batch_size": 8, "num_train_steps": 4, "warmup_steps": 1,
+    "learning_rate": 0.01, "log_every": 1, "eval_every": 2, "checkpoint_every": 2,
+    "progress": False,
+}
+FLAGS = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+
+# Each child runs the `lra run` entry point, noting which files it renamed into place (results
+# and config are written to a temporary file and renamed), then reports its view of the cluster.
+CHILD = """
+import json, os, sys
+renamed = []
+_replace = os.replace
+def replace(src, dst, *args, **kwargs):
+  renamed.append(os.path.basename(os.fspath(dst)))
+  return _replace(src, dst, *args, **kwargs)
+os.replace = replace
+from launch import train
+rc = train.main(sys.argv[1:])
+import jax
+print("REPORT " + json.dumps({
+    "rc": rc, "process_index": jax.process_index(), "process_count": jax.process_count(),
+    "device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
+    "renamed": renamed, "precision": jax.config.jax_default_matmul_precision}), flush=True)
+sys.exit(rc)
+"""
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def run_two_processes(workdir: str, logdir) -> list[dict]:
+  """Runs the config in two processes of one cluster; returns each process's report."""
+  port = _free_port()
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # conftest's 8 devices; each child gets 2 (JAX_NUM_CPU_DEVICES)
+  env.update(LRA_DISTRIBUTED="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+             JAX_NUM_PROCESSES="2", JAX_NUM_CPU_DEVICES="2",
+             JAX_DEFAULT_MATMUL_PRECISION="highest", JAX_DISABLE_MOST_OPTIMIZATIONS="1",
+             LRA_DATA=os.environ["LRA_DATA"])  # the same data root as this process
+  argv = [sys.executable, "-c", CHILD, "listops", "--size", "small", "--workdir", workdir,
+          *FLAGS]
+  procs, logs = [], []
+  for i in range(2):
+    logs.append(open(logdir / f"process{i}.log", "w+"))
+    procs.append(subprocess.Popen(argv, cwd=REPO, env={**env, "JAX_PROCESS_ID": str(i)},
+                                  stdout=logs[i], stderr=subprocess.STDOUT))
+  deadline = time.monotonic() + TIMEOUT_S
+  try:
+    # A process that fails leaves the other waiting in a collective: stop at the first failure.
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+      if any(p.poll() not in (None, 0) for p in procs):
+        break
+      time.sleep(0.2)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  outputs = []
+  for log in logs:
+    log.seek(0)
+    outputs.append(log.read())
+    log.close()
+  tails = "\n".join(f"--- process {i} (exit {p.returncode}):\n{out[-3000:]}"
+                    for i, (p, out) in enumerate(zip(procs, outputs)))
+  assert all(p.returncode == 0 for p in procs), f"the two-process run failed or hung:\n{tails}"
+  reports = [json.loads(line[len("REPORT "):]) for out in outputs
+             for line in out.splitlines() if line.startswith("REPORT ")]
+  assert len(reports) == 2, tails
+  return sorted(reports, key=lambda r: r["process_index"])
+
+
+def records(workdir: str) -> dict[tuple[int, str], dict]:
+  """metrics.jsonl as {(step, split): record}; a record written twice is an error."""
+  out = {}
+  for r in metrics.read_metrics(workdir):
+    key = (r["step"], r["split"])
+    assert key not in out, f"{key} written twice to {workdir}/metrics.jsonl"
+    out[key] = r
+  return out
+
+
+def assert_same_metrics(got: dict, want: dict, keys) -> None:
+  for key in keys:
+    for name in ("loss", "accuracy", "examples"):
+      np.testing.assert_allclose(got[key][name], want[key][name], rtol=RTOL,
+                                 err_msg=f"{name} at {key}")
+
+
+def assert_same_params(got, want) -> None:
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_two_processes_train_like_one_and_share_checkpoints(tmp_path):
+  config = launch_train.build_config(
+      "listops", size="small", overrides=[(k, str(v)) for k, v in OVERRIDES.items()])
+  tasks.get_task("listops").prepare(config.data)  # before the processes start, not in both
+  two, one, resumed = (str(tmp_path / name) for name in ("two", "one", "resumed"))
+
+  reports = run_two_processes(two, tmp_path)
+  for i, r in enumerate(reports):
+    assert (r["process_index"], r["process_count"]) == (i, 2)
+    assert (r["device_count"], r["local_device_count"]) == (4, 2)
+    assert r["precision"] == "highest"
+  assert reports[0]["renamed"].count("results.json") == 1
+  assert reports[1]["renamed"] == []  # neither results.json nor config.json
+
+  # The same config and global batch in this one process, on 4 of its devices.
+  reference = train.train_and_evaluate(config, one)
+  assert {len(x.sharding.device_set) for x in jax.tree.leaves(reference["state"])} == {4}
+  got, want = records(two), records(one)
+  assert sorted(got) == sorted(want)
+  assert [s for s, split in sorted(got) if split == "train"] == [1, 2, 3, 4]
+  assert_same_metrics(got, want, sorted(want))
+  # Every example once: the weights add up to the split (and the losses equal one process's).
+  assert all(r["examples"] == 20 for (_, split), r in got.items() if split != "train")
+
+  with open(os.path.join(two, "results.json")) as f:
+    results = json.load(f)
+  assert not os.path.exists(os.path.join(two, "results.json.tmp"))
+  assert results["test_examples"] == 20 and results["train_step_traces"] == 1
+  for name in ("test_accuracy", "test_loss", "final_test_accuracy", "majority_class_rate",
+               "best_validation_accuracy"):
+    np.testing.assert_allclose(results[name], reference[name], rtol=RTOL, err_msg=name)
+  assert results["best_validation_step"] == reference["best_validation_step"]
+
+  # The two-process checkpoints are orbax checkpoints this process restores: the final one
+  # holds the reference's state ...
+  abstract = checkpoint.abstract_like(reference["state"])
+  ckpt = checkpoint.Checkpointer(os.path.join(two, "checkpoints"), every=0, keep=3)
+  assert ckpt.steps() == [2, 4]
+  state, data_state, step = ckpt.restore_latest(abstract)
+  ckpt.close()
+  assert step == 4 and int(state["step"]) == 4 and data_state["train_iterator"]
+  assert_same_params(state["params"], reference["state"]["params"])
+  # ... and a one-process run resumes from step 2 (state and data position) and ends there too.
+  shutil.copytree(os.path.join(two, "checkpoints"), os.path.join(resumed, "checkpoints"))
+  shutil.rmtree(os.path.join(resumed, "checkpoints", "4"))
+  finished = train.train_and_evaluate(config, resumed)
+  assert not finished["interrupted"]
+  got = records(resumed)
+  assert [s for s, split in sorted(got) if split == "train"] == [3, 4]
+  assert_same_metrics(got, want, [(3, "train"), (4, "train"), (4, "validation"), (4, "test")])
+  np.testing.assert_allclose(finished["final_test_accuracy"], reference["final_test_accuracy"],
+                             rtol=RTOL)
+  assert_same_params(finished["state"]["params"], reference["state"]["params"])
