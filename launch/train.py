@@ -185,6 +185,15 @@ def phase_config(config: ml_collections.ConfigDict, index: int) -> ml_collection
   return c
 
 
+def finished_results(run_dir: str) -> dict[str, Any] | None:
+  """The results.json of a finished run in `run_dir` (with "interrupted": False), or None."""
+  done = os.path.join(run_dir, "results.json")
+  if not os.path.exists(done):
+    return None
+  with open(done) as f:
+    return {**json.load(f), "interrupted": False}
+
+
 def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
                hooks: Sequence[Callable[[int], None]] = ()) -> dict[str, Any]:
   """Runs every phase of `config.phases` in `<workdir>/phase<k>` (k from 1), each starting
@@ -201,11 +210,10 @@ def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
     if k > 0:
       with c.unlocked():
         c.init_from = os.path.join(workdir, f"phase{k}", "checkpoints")
-    done = os.path.join(phase_dir, "results.json")
-    if os.path.exists(done):
-      with open(done) as f:
-        results = {**json.load(f), "interrupted": False}
-      print(f"Phase {k + 1}/{count}: finished earlier ({done}); skipped.", flush=True)
+    earlier = finished_results(phase_dir)
+    if earlier is not None:
+      results = earlier
+      print(f"Phase {k + 1}/{count}: finished earlier ({phase_dir}); skipped.", flush=True)
     else:
       print(f"Phase {k + 1}/{count}: {c.num_train_steps} steps of batch {c.batch_size}, length "
             f"{c.data.max_length}, windows x{config.phases[k]['window_scale']}, learning rate "
