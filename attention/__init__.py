@@ -1,48 +1,66 @@
 """Attention primitives: pure functions over `[batch, length, heads, head_dim]` arrays.
 
-`REGISTRY` maps the names used in configs to the functions; `get(name)` looks one up and lists
-the valid names when it is unknown. Dense reference masks for every pattern are in
-`attention.masks`.
+Every kind is one record in `attention.kinds` (its function, mask builders, causal support,
+shared q/k, per-layer extras, config defaults); `kinds.get(name)` is the one check of a kind
+name. This package exports each kind's function under its own name (`attention.band_attention`),
+`REGISTRY` (kind name -> function, derived from the records) and `get(name)` (the function of a
+kind; an unknown name raises and lists the valid ones). Dense reference masks for every pattern
+are in `attention.masks`.
+
+Imports are lazy (PEP 562): `from attention import kinds` loads no jax, so config files can read
+the kind names and defaults; the first use of a function or submodule imports it.
 """
 
-from attention import masks
-from attention.band import band_attention
-from attention.block_sparse import block_sparse_attention
-from attention.dot_product import dot_product_attention
-from attention.favor import favor_attention, favor_features
-from attention.linear import linear_attention
-from attention.linformer import linformer_attention
-from attention.lsh import lsh_attention
-from attention.sparse_patterns import (bigbird_attention, block_local_attention,
-                                       sparse_attention)
-from attention.synthesizer import synthesizer_attention
+from __future__ import annotations
 
-REGISTRY = {
-    "dot_product": dot_product_attention,
-    "band": band_attention,
-    "bigbird": bigbird_attention,
-    "block_local": block_local_attention,
-    "block_sparse": block_sparse_attention,
-    "favor": favor_attention,
-    "linear": linear_attention,
-    "linformer": linformer_attention,
-    "lsh": lsh_attention,
-    "sparse": sparse_attention,
-    "synthesizer": synthesizer_attention,
-}
+import importlib
+import importlib.util
+from typing import Any, Callable
+
+from attention import kinds
+
+# Public names that are not a kind's function -> the submodule defining them.
+_OTHER_EXPORTS = {"favor_features": "favor"}
 
 
-def get(name: str):
-  """Returns the attention function registered under `name`."""
-  try:
-    return REGISTRY[name]
-  except KeyError:
-    raise ValueError(
-        f"unknown attention {name!r}; valid names: {', '.join(sorted(REGISTRY))}.") from None
+def _exports() -> dict[str, str]:
+  """Exported function name -> submodule of this package, from the records and the extras."""
+  out = {k.function: k.module for k in kinds.KINDS.values()}
+  out.update(_OTHER_EXPORTS)
+  return out
 
 
-__all__ = ["REGISTRY", "band_attention", "dot_product_attention", "get", "masks",
-           "favor_attention", "favor_features", "linear_attention",
-           "linformer_attention", "lsh_attention", "synthesizer_attention",
-           "bigbird_attention", "block_local_attention", "block_sparse_attention",
-           "sparse_attention"]
+def _registry() -> dict[str, Callable]:
+  """`REGISTRY`, built once on first use (importing every primitive) and kept mutable."""
+  registry = globals().get("REGISTRY")
+  if registry is None:
+    registry = {name: __getattr__(k.function) for name, k in kinds.KINDS.items()}
+    globals()["REGISTRY"] = registry
+  return registry
+
+
+def get(name: str) -> Callable:
+  """Returns the attention function registered under `name` (validated by `kinds.get`)."""
+  kinds.get(name)  # raises with the valid names when unknown
+  return _registry()[name]
+
+
+def __getattr__(name: str) -> Any:
+  """Imports an exported function, `REGISTRY` or a submodule on first use."""
+  if name == "REGISTRY":
+    return _registry()
+  exports = _exports()
+  if name in exports:
+    value = getattr(importlib.import_module(f"{__name__}.{exports[name]}"), name)
+    globals()[name] = value
+    return value
+  if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+    return importlib.import_module(f"{__name__}.{name}")  # binds the submodule as an attribute
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(__all__))
+
+
+__all__ = ["REGISTRY", "get", "kinds", "masks", *sorted(_exports())]

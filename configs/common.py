@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-import attention as attention_lib
+from attention import kinds
 
 # Logical axis name (carried by parameters, see models/sharding.py) -> mesh axis or None.
 AXIS_RULES = (
@@ -101,25 +101,10 @@ def model_defaults() -> ml_collections.ConfigDict:
   return m
 
 
-# Arguments each attention kind gets by default in the task configs (sized by `window`, a
-# rough "how far can a query see" knob shared by the local kinds). Kinds not listed get none.
 def attention_defaults(kind: str, *, window: int, max_length: int) -> dict[str, Any]:
-  """Default arguments for attention `kind` in a model over `max_length` tokens."""
-  chunk = 64 if max_length >= 1024 else 16
-  block = max(4, window // 2)
-  table = {
-      "band": {"window": window},
-      "bigbird": {"block_size": block, "num_global_blocks": 2, "num_random_blocks": 3},
-      "block_local": {"block_size": max(4, window)},
-      "block_sparse": {"block_size": block, "window_blocks": 1, "global_blocks": 1},
-      "sparse": {"pattern": "fixed", "stride": max(4, window)},
-      "favor": {"num_features": 256, "redraw": False},
-      "linformer": {"k": 256 if max_length >= 1024 else 32},
-      "lsh": {"num_hashes": 2, "chunk_size": chunk,
-              "num_buckets": 2 * max(1, round(max_length / (2 * chunk)))},
-      "synthesizer": {"components": "random+dot_product"},
-  }
-  return dict(table.get(kind, {}))
+  """Default arguments for attention `kind` in a model over `max_length` tokens (its record's
+  `defaults` in `attention.kinds`; `window` sizes the local kinds)."""
+  return kinds.defaults(kind, window=window, max_length=max_length)
 
 
 def task_arg(arg: str | None, *, attention: str | Mapping[str, str] = "dot_product",
@@ -133,7 +118,7 @@ def task_arg(arg: str | None, *, attention: str | Mapping[str, str] = "dot_produ
     raise ValueError(f"unknown size {a.size!r}; valid sizes: {', '.join(sizes)}.")
   if not a.attention:
     a.attention = attention if isinstance(attention, str) else attention[a.size]
-  attention_lib.get(a.attention)  # raises with the valid names when unknown
+  kinds.get(a.attention)  # raises with the valid names when unknown
   return a
 
 
