@@ -1,14 +1,14 @@
-"""Per-attention-kind extra state owned by the multi-head layer, as one literal table.
+"""Per-layer arrays of the attention kinds that own some, one NNX class per kind.
 
-Most primitives in `attention.REGISTRY` need only q, k, v and their config arguments. A few need
-arrays that belong to the layer: FAVOR+ random features (fixed, non-trainable), Linformer's
-length projections, Synthesizer's synthetic logits, LSH's hashing key. `EXTRAS` maps such a kind
-to a small module that creates them; at call time `extra_kwargs(...)` returns the keyword
-arguments handed to the primitive. Config arguments a module consumes itself (for example
-`num_features` or `sharing`) are listed in its `CONSUMES` and are not forwarded.
-
-`NOT_CAUSAL` names the kinds that cannot be causal, with the reason (used by the language-model
-config validation).
+Most primitives need only q, k, v and their config arguments. A few need arrays that belong to
+the layer: FAVOR+ random features (fixed, non-trainable), Linformer's length projections,
+Synthesizer's synthetic logits, LSH's hashing key, BigBird's per-layer seed, block_sparse's
+layout. The kind's record in `attention.kinds` names its class here (`Kind.extras`); the layer
+builds it with `make_extras(...)` and at call time the instance returns the keyword arguments
+handed to the primitive. Config arguments a class consumes itself (for example `num_features` or
+`sharing`) are listed in its `CONSUMES` and are not forwarded. A class whose
+`shared_across_layers(args)` is true is built once and handed to every layer of that kind
+(Linformer's `sharing="layer"`).
 """
 
 from __future__ import annotations
@@ -20,21 +20,36 @@ import numpy as np
 from flax import nnx
 
 import attention
+from attention import kinds
 from models.sharding import param
 
-NOT_CAUSAL = {
-    "linformer": "Linformer projects keys and values along the length axis, so every "
-                 "compressed key mixes future positions; it cannot be causal.",
-    "bigbird": "BigBird's global and random blocks are bidirectional (bigbird_attention has "
-               "no causal mode); use sparse, block_local or band for language models.",
-}
+# Kind name -> the reason it cannot be causal. Derived from the records and kept only until its
+# last user (lra/train.py) asks `kinds.get(kind).check_causal()`; do not add new users.
+NOT_CAUSAL = {name: k.causal for name, k in kinds.KINDS.items() if not k.supports_causal}
 
 
 class Buffer(nnx.Variable):
   """A non-trainable array that belongs to the model (kept out of the optimizer)."""
 
 
-class FavorFeatures(nnx.Module):
+class Extras(nnx.Module):
+  """Base of the extras classes: the per-layer arrays of one attention kind.
+
+  Built as `cls(args, num_heads=..., head_dim=..., max_length=..., rngs=..., layer_index=...)`
+  from the kind's config arguments; called as `extras(length=L, rng=key_or_None)` it returns
+  keyword arguments of the primitive. `CONSUMES` lists the config arguments it reads itself.
+  """
+
+  CONSUMES: tuple[str, ...] = ()
+
+  @classmethod
+  def shared_across_layers(cls, args: dict) -> bool:
+    """Whether one instance serves every layer of this kind (built once by the encoder)."""
+    del args
+    return False
+
+
+class FavorFeatures(Extras):
   """FAVOR+ random features `[num_features, head_dim]`, drawn once from the layer's key.
 
   `redraw=True` draws fresh features at every training call from the step's key (the paper's
@@ -61,7 +76,7 @@ class FavorFeatures(nnx.Module):
     return {"features": self.features[...]}
 
 
-class LinformerProjections(nnx.Module):
+class LinformerProjections(Extras):
   """Linformer length projections E (keys) and F (values), `[max_length, k]` each.
 
   `sharing` (config): "none" (separate E and F, shared by the heads), "headwise" (separate E and
@@ -71,6 +86,10 @@ class LinformerProjections(nnx.Module):
 
   CONSUMES = ("k", "sharing")
   SHARINGS = ("none", "headwise", "kv", "layer")
+
+  @classmethod
+  def shared_across_layers(cls, args: dict) -> bool:
+    return args.get("sharing", "none") == "layer"
 
   def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
                rngs: nnx.Rngs, layer_index: int = 0):
@@ -94,7 +113,7 @@ class LinformerProjections(nnx.Module):
     return {"proj_k": proj_k, "proj_v": proj_k if self.proj_v is None else self.proj_v[...]}
 
 
-class SynthesizerParams(nnx.Module):
+class SynthesizerParams(Extras):
   """Synthesizer parameter arrays, one set per head, and the learned mixture of components.
 
   `components` (config): "+"-joined names from dense, random, factorized_dense,
@@ -159,7 +178,7 @@ class SynthesizerParams(nnx.Module):
     return out
 
 
-class LshKey(nnx.Module):
+class LshKey(Extras):
   """LSH hashes with fresh rotations each step (from the step key) and a fixed key in eval."""
 
   CONSUMES = ()
@@ -175,7 +194,7 @@ class LshKey(nnx.Module):
     return {"key": key}
 
 
-class BigBirdSeed(nnx.Module):
+class BigBirdSeed(Extras):
   """BigBird's random blocks are fixed by an int seed: `seed` (config) plus the layer index, so
   layers differ and training and evaluation use the same pattern."""
 
@@ -191,7 +210,7 @@ class BigBirdSeed(nnx.Module):
     return {"seed": self.seed}
 
 
-class BlockSparseLayout(nnx.Module):
+class BlockSparseLayout(Extras):
   """A static block layout for `block_sparse`, built from the length at trace time: each query
   block sees `window_blocks` blocks on each side, and the first `global_blocks` blocks see and
   are seen by every block."""
@@ -216,25 +235,22 @@ class BlockSparseLayout(nnx.Module):
     return {"layout": layout}
 
 
-# Kind name in attention.REGISTRY -> module creating the layer-owned arrays that kind needs.
-EXTRAS = {
-    "favor": FavorFeatures,
-    "linformer": LinformerProjections,
-    "synthesizer": SynthesizerParams,
-    "lsh": LshKey,
-    "bigbird": BigBirdSeed,
-    "block_sparse": BlockSparseLayout,
-}
-
-# Kinds whose query and key are one shared projection (Reformer's shared-QK): the primitive is
-# called as fn(qk, v, ...).
-SHARED_QK = ("lsh",)
+def extras_class(kind: str) -> type[Extras] | None:
+  """The extras class named by `kind`'s record, or None when the kind needs none."""
+  name = kinds.get(kind).extras
+  if name is None:
+    return None
+  cls = globals().get(name)
+  if not (isinstance(cls, type) and issubclass(cls, Extras)):
+    raise ValueError(f"attention {kind!r} names extras {name!r}, which is not an Extras class "
+                     f"in models.attention_extras.")
+  return cls
 
 
 def make_extras(kind: str, args: dict, *, num_heads: int, head_dim: int, max_length: int,
-                rngs: nnx.Rngs, layer_index: int = 0) -> nnx.Module | None:
+                rngs: nnx.Rngs, layer_index: int = 0) -> Extras | None:
   """Builds the extras module for `kind`, or None when the kind needs none."""
-  cls = EXTRAS.get(kind)
+  cls = extras_class(kind)
   if cls is None:
     return None
   return cls(args, num_heads=num_heads, head_dim=head_dim, max_length=max_length, rngs=rngs,
@@ -243,5 +259,5 @@ def make_extras(kind: str, args: dict, *, num_heads: int, head_dim: int, max_len
 
 def consumed_args(kind: str) -> tuple[str, ...]:
   """Config arguments of `kind` that the layer consumes instead of forwarding."""
-  cls = EXTRAS.get(kind)
+  cls = extras_class(kind)
   return cls.CONSUMES if cls is not None else ()

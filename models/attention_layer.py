@@ -1,10 +1,11 @@
 """The multi-head attention layer: owns the projections, calls a primitive by name.
 
 `spec` is a dict such as `{"kind": "band", "window": 64, "dilation": (1, 1, 2, 2)}`: `kind` is a
-name in `attention.REGISTRY` and every other entry is a keyword argument of that primitive
-(except those the kind's extras module consumes; see `models.attention_extras`). The layer
-computes `q, k, v: [B, L, H, Dh]`, calls `attention.get(kind)(q, k, v, key_mask=..., **args)`
-and projects the heads back to `[B, L, E]`.
+name in `attention.kinds.KINDS` and every other entry is a keyword argument of that kind's
+primitive (except those the kind's extras class consumes; see `models.attention_extras`). The
+kind's record says whether it can be causal, whether q and k are one projection and which
+extras class owns its per-layer arrays. The layer computes `q, k, v: [B, L, H, Dh]`, calls
+`attention.get(kind)(q, k, v, key_mask=..., **args)` and projects the heads back to `[B, L, E]`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attention
+from attention import kinds
 from models import attention_extras
 from models.sharding import param
 
@@ -32,9 +34,9 @@ def split_spec(spec: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
   spec = dict(spec)
   if "kind" not in spec:
     raise ValueError(f"attention spec {spec} has no 'kind'; give one of: "
-                     f"{', '.join(sorted(attention.REGISTRY))}.")
+                     f"{', '.join(kinds.names())}.")
   kind = spec.pop("kind")
-  attention.get(kind)  # raises with the valid names when unknown
+  kinds.get(kind)  # raises with the valid names when unknown
   return kind, spec
 
 
@@ -48,7 +50,8 @@ class MultiHeadAttention(nnx.Module):
     spec: attention kind and its arguments (see module docstring).
     max_length: longest sequence the layer will see (sizes Linformer/Synthesizer arrays).
     causal: autoregressive attention (passed to the primitive as `causal=True`).
-    shared_extras: an extras module shared with other layers (Linformer `sharing="layer"`).
+    shared_extras: an extras module shared with other layers (built by the encoder when the
+      kind's extras class says `shared_across_layers`, e.g. Linformer `sharing="layer"`).
     layer_index: the layer's depth (seeds per-layer patterns such as BigBird's random blocks).
   """
 
@@ -58,12 +61,12 @@ class MultiHeadAttention(nnx.Module):
     if qkv_dim % num_heads:
       raise ValueError(f"qkv_dim ({qkv_dim}) must be a multiple of num_heads ({num_heads}).")
     self.kind, args = split_spec(spec)
-    if causal and self.kind in attention_extras.NOT_CAUSAL:
-      raise ValueError(f"attention {self.kind!r} cannot be causal: "
-                       f"{attention_extras.NOT_CAUSAL[self.kind]}")
+    record = kinds.get(self.kind)
+    if causal:
+      record.check_causal()
     head_dim = qkv_dim // num_heads
     self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
-    self.shared_qk = self.kind in attention_extras.SHARED_QK
+    self.shared_qk = record.shared_qk
     consumed = attention_extras.consumed_args(self.kind)
     self.args = {k: (tuple(v) if isinstance(v, list) else v)
                  for k, v in args.items() if k not in consumed}

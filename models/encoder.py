@@ -128,8 +128,9 @@ class Encoder(nnx.Module):
     for i, spec in enumerate(specs):
       kind, args = split_spec(spec)
       extras = None
-      if kind == "linformer" and args.get("sharing") == "layer":
-        if kind not in shared:
+      cls = attention_extras.extras_class(kind)
+      if cls is not None and cls.shared_across_layers(args):
+        if kind not in shared:  # built once, before the first such layer's own parameters
           shared[kind] = attention_extras.make_extras(
               kind, args, num_heads=cfg["num_heads"],
               head_dim=cfg["qkv_dim"] // cfg["num_heads"], max_length=max_length, rngs=rngs)

@@ -1,7 +1,7 @@
 """A causal character language model (enwik8/text8 style): decoder-only, tied embeddings.
 
-The encoder stack runs with `causal=True`, so every attention kind gets `causal=True` (kinds that
-cannot be causal, listed in `models.attention_extras.NOT_CAUSAL`, are refused with the reason).
+The encoder stack runs with `causal=True`, so every attention kind gets `causal=True` (kinds whose
+record in `attention.kinds` says they cannot be causal are refused with the reason).
 Logits at position i predict token i + 1; the loss is `lra.objectives.language_modelling` and
 bits per character are reported by the trainer.
 

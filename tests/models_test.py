@@ -1,8 +1,8 @@
 """Tests for models/: every model family with every registered attention kind.
 
-The kinds come from `attention.REGISTRY` at collection time, so each primitive that lands is
-exercised here: forward shapes and finiteness, gradients reaching every parameter, padding
-invariance, per-layer attention settings, and the clear errors.
+The kinds come from the records in `attention.kinds` at collection time, so each primitive
+that lands is exercised here: forward shapes and finiteness, gradients reaching every
+parameter, padding invariance, per-layer attention settings, and the clear errors.
 """
 
 import jax
@@ -13,13 +13,13 @@ from flax import nnx
 
 import attention
 import models
+from attention import kinds
 from configs import common
-from models import attention_extras
 from models.encoder import layer_specs
 
 jax.config.update("jax_disable_most_optimizations", True)
 
-KINDS = sorted(attention.REGISTRY)
+KINDS = kinds.names()
 LENGTH = 12
 
 
@@ -55,7 +55,7 @@ def call(model, family, x, rng=None):
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_and_backward(kind, family):
   cfg = tiny_config(kind, pool="mean" if family == "dual_encoder" else "cls")
-  if family == "lm" and kind in attention_extras.NOT_CAUSAL:
+  if family == "lm" and not kinds.get(kind).supports_causal:
     with pytest.raises(ValueError, match="cannot be causal"):
       models.get(family)(cfg, rngs=nnx.Rngs(0))
     return
