@@ -18,6 +18,9 @@ CORE = [
     "ml-collections==1.1.0",
     "chex==0.1.92",
     "numpy==2.4.6",
+    "tensorboardX==2.6.5",
+    "Pillow==13.0.0",
+    "tqdm==4.70.1",
 ]
 
 setup(
@@ -28,7 +31,7 @@ setup(
     packages=find_packages(include=["attention*", "models*", "lra*", "configs*", "launch*"]),
     install_requires=CORE,
     extras_require={
-        "test": ["pytest==9.2.0"],
+        "test": ["pytest==9.2.0", "tensorboard==2.21.0"],
         "bench": ["torch==2.13.0", "transformers==5.23.0", "matplotlib==3.11.2"],
     },
     entry_points={"console_scripts": ["lra=launch.cli:main"]},
