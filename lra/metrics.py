@@ -6,22 +6,27 @@ turns sums into loss, accuracy and, for language models, bits per character.
 
 `MetricWriter` appends every record to `<workdir>/metrics.jsonl`, one JSON object per line:
 `{"step": ..., "split": ..., ...}`, and writes the same numbers as TensorBoard scalars
-`<split>/<name>` (`train/loss`, `validation/accuracy`, ...) to `<workdir>/tensorboard/` with
-`lra.tensorboard`, which needs no TensorFlow.
+`<split>/<name>` (`train/loss`, `validation/accuracy`, ...) to an event file in
+`<workdir>/tensorboard/` with `tensorboardX`, which needs no TensorFlow.
 """
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import json
 import math
 import os
 import time
+import weakref
 from typing import Any, Mapping
 
 import jax
 import numpy as np
+import tensorboardX
 
-from lra import tensorboard
+FLUSH_SECONDS = 2   # tensorboardX's writer thread flushes the event file this often
+_WRITERS = itertools.count()   # tells apart the event files of writers started in one second
 
 
 def summarise(sums: Mapping[str, Any], *, bits_per_char: bool = False) -> dict[str, float]:
@@ -44,14 +49,20 @@ def add_sums(total: dict[str, Any] | None, sums: Mapping[str, Any]) -> dict[str,
 
 class MetricWriter:
   """Appends metric records to `<workdir>/metrics.jsonl` and TensorBoard scalars to
-  `<workdir>/tensorboard/` (process 0 only). Both are on disk after every `write`; `close()`
-  closes the event file (it is also closed when the writer is garbage collected)."""
+  `<workdir>/tensorboard/events.out.tfevents.<time>.<hostname>.<pid>.<n>` (process 0 only).
+
+  metrics.jsonl is on disk after every `write`. The scalars go through tensorboardX's writer
+  thread: in the event file within FLUSH_SECONDS, and all of them once `close()` returns (also
+  done when the writer is garbage collected or the interpreter exits). Every writer starts its
+  own event file, created on the first write; TensorBoard reads a directory's files in name
+  (time) order, so a resumed run continues its curves."""
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tensorboard_dir = os.path.join(workdir, "tensorboard")
     self.enabled = jax.process_index() == 0
-    self._summaries: tensorboard.SummaryWriter | None = None  # created on the first write
+    self._summaries: tensorboardX.SummaryWriter | None = None  # created on the first write
+    self._closer: weakref.finalize | None = None   # closes the event file once
 
   def write(self, step: int, split: str, metrics: Mapping[str, float]) -> None:
     for name, value in metrics.items():
@@ -65,16 +76,24 @@ class MetricWriter:
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
     if self._summaries is None:
-      self._summaries = tensorboard.SummaryWriter(self.tensorboard_dir)
+      self._summaries = tensorboardX.SummaryWriter(
+          self.tensorboard_dir, flush_secs=FLUSH_SECONDS,
+          filename_suffix=f".{os.getpid()}.{next(_WRITERS)}")
+      self._closer = weakref.finalize(self, self._summaries.close)
+      # At exit, close before multiprocessing's exit handler (registered when tensorboardX was
+      # imported, so it runs after this one) shuts down the queue of tensorboardX's thread.
+      self._closer.atexit = False
+      atexit.register(self._closer)
     for name, value in metrics.items():
       if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
-        self._summaries.scalar(f"{split}/{name}", float(value), int(step))
-    self._summaries.flush()
+        self._summaries.add_scalar(f"{split}/{name}", float(value), int(step))
 
   def close(self) -> None:
-    if self._summaries is not None:
-      self._summaries.close()
-      self._summaries = None
+    """Writes every pending scalar to the event file and closes it."""
+    if self._closer is not None:
+      atexit.unregister(self._closer)
+      self._closer()
+      self._summaries = self._closer = None
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
