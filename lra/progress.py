@@ -1,48 +1,36 @@
-"""A one-line progress display on stderr: step, loss, steps/s and ETA (no tqdm needed)."""
+"""The training progress bar on stderr (tqdm): step of total, loss, steps/s and ETA.
+
+`Progress(total_steps, start_step)` starts at the resumed step, so the rate and ETA count only
+this run's steps; `update(step, loss)` moves it to `step` (redrawn at most every `interval`
+seconds, as tqdm's `mininterval`); `close()` draws the final line and ends it with a newline.
+"""
 
 from __future__ import annotations
 
 import sys
-import time
+from typing import TextIO
 
-
-def _duration(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  h, rem = divmod(seconds, 3600)
-  m, s = divmod(rem, 60)
-  return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+import tqdm
 
 
 class Progress:
-  """Rewrites one stderr line at most every `interval` seconds; a newline on `close`."""
+  """A tqdm bar over training steps, with the last logged loss as its postfix."""
 
-  def __init__(self, total_steps: int, start_step: int = 0, *, interval: float = 0.5,
-               stream=None):
+  def __init__(self, total_steps: int, start_step: int = 0, *, interval: float = 1.0,
+               stream: TextIO | None = None):
     self.total = total_steps
     self.start_step = start_step
-    self.interval = interval
-    self.stream = stream or sys.stderr
-    self.t0 = time.perf_counter()
-    self.last = 0.0
-    self.active = False
+    self.bar = tqdm.tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
+                         file=stream or sys.stderr, mininterval=interval, dynamic_ncols=True)
 
   def update(self, step: int, loss: float | None = None, force: bool = False) -> None:
-    now = time.perf_counter()
-    if not force and now - self.last < self.interval:
-      return
-    self.last = now
-    done = step - self.start_step
-    rate = done / max(now - self.t0, 1e-9)
-    eta = (self.total - step) / rate if rate > 0 else float("inf")
-    loss_txt = "" if loss is None else f" loss {loss:.4f}"
-    eta_txt = _duration(eta) if eta != float("inf") else "?"
-    self.stream.write(f"\rstep {step}/{self.total}{loss_txt} | {rate:.2f} steps/s | "
-                      f"ETA {eta_txt}   ")
-    self.stream.flush()
-    self.active = True
+    """Moves the bar to `step`; `loss` (if given) is shown; `force` redraws it now."""
+    if loss is not None:
+      self.bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+    self.bar.update(step - self.bar.n)
+    if force:
+      self.bar.refresh()
 
   def close(self) -> None:
-    if self.active:
-      self.stream.write("\n")
-      self.stream.flush()
-      self.active = False
+    """Draws the final state and ends the line (calling it again does nothing)."""
+    self.bar.close()
