@@ -1,19 +1,14 @@
 """Attention speed and memory benchmark: one child process per (impl, mode, n) point.
 
-Every `benchmarks/impls_*.py` module that exists contributes a literal `IMPLS` dict (see
-`benchmarks/impls_band.py` for the interface). For each point the harness starts a fresh Python
-process that builds the step (inputs and compilation), calls it once to warm up and then times
-several calls (median and min reported). The child also reports memory:
-  * "peak RSS": the process's peak resident set size over its whole life (imports, inputs,
-    compilation, all calls), from `VmHWM`;
-  * "+RSS": the increase of the peak over the process's own RSS measured right before the first
-    call (the high-water mark is reset there through `/proc/self/clear_refs`), i.e. the memory
-    the calls themselves need.
-A separate child measures the float32 matmul rate (best of several `jnp.dot` of 2048^3 and
-4096^3). The FLOP floor of a point is the impl's `flops_fwd` (3x for forward+backward) divided
-by that rate. A child that times out, is killed (usually out of memory) or raises is reported
-as such in the table. Tables are grouped by the impls' `group`; in each group the first impl is
-compared with its peers (speedup = peer time / its time).
+Every `benchmarks/impls_*.py` module contributes a literal `IMPLS` dict (interface: see
+`benchmarks/impls_band.py`). Each point runs in a fresh Python process that builds the step,
+warms it up once and times several calls (median and min). Memory: "peak RSS" is the process's
+peak resident set size (`VmHWM`, imports and compilation included); "+RSS" its increase over the
+RSS right before the first call (reset through `/proc/self/clear_refs`), the calls' own need.
+The FLOP floor of a point is the impl's `flops_fwd` (3x for forward+backward) over the float32
+matmul rate a separate child measures. Failed, killed (usually out of memory) or timed-out
+children are reported as such. In each table group the first impl is compared with its peers
+(speedup = peer time / its time).
 
   .venv/bin/python benchmarks/attention.py --demo                     # ~2 minutes
   .venv-bench/bin/python benchmarks/attention.py --markdown out.md    # full run (`make bench`)
@@ -28,8 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
-import importlib
-import importlib.util
+import importlib.util  # also binds importlib
 import json
 import os
 import platform
@@ -41,8 +35,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# Run as a script, sys.path[0] is benchmarks/, where this file would shadow the `attention`
-# package: put the repository root there instead.
+# As a script, sys.path[0] is benchmarks/, where this file shadows the `attention` package.
 if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
   sys.path[0] = ROOT
 elif ROOT not in sys.path:

@@ -137,10 +137,10 @@ def layer_errors(rec: dict, seeds: int) -> dict:
 
 
 def config_for(task: str, trained_with: str, steps: int | None):
-  from launch import train as launch_train
+  import configs
   kind, extra = VARIANTS[trained_with]
   overrides = list(TASKS[task]["overrides"].items()) + list(extra.items())
-  config = launch_train.build_config(task, attention=kind, size="small", overrides=overrides)
+  config = configs.build_config(task, attention=kind, size="small", overrides=overrides)
   if steps is not None:
     with config.unlocked():
       if config.get("phases"):
@@ -151,18 +151,18 @@ def config_for(task: str, trained_with: str, steps: int | None):
 
 def train(task: str, trained_with: str, workdir: str, steps: int | None):
   """Trains (or reuses) one model; returns (config, directory of the final params, results)."""
-  from launch import train as launch_train
+  from lra import phases
   from lra import tasks as tasks_lib
   from lra import train as lra_train
   config = config_for(task, trained_with, steps)
   tasks_lib.get_task(config.task).prepare(config.data)
   run_dir = os.path.join(workdir, f"{task}-{trained_with}")
   if config.get("phases"):
-    results = launch_train.run_phases(config, run_dir)
-    final = launch_train.phase_config(config, len(config.phases) - 1)
+    results = phases.run_phases(config, run_dir)
+    final = phases.phase_config(config, len(config.phases) - 1)
     params_dir = os.path.join(run_dir, f"phase{len(config.phases)}")
   else:
-    results = launch_train.finished_results(run_dir)
+    results = phases.finished_results(run_dir)
     if results is not None:
       print(f"{task}/{trained_with}: finished earlier ({run_dir}); reused.", flush=True)
     else:
@@ -177,18 +177,19 @@ def record(config, params_dir: str, trained_with: str, examples: int) -> list[di
   """Runs the trained model eagerly on `examples` validation examples; the layers' inputs."""
   from flax import nnx
 
-  from lra import checkpoint, input_pipeline, objectives
+  from lra import checkpoint
+  from lra.data import pipeline
   from lra import tasks as tasks_lib
   from lra import train as lra_train
   trainer = lra_train.Trainer(config)
-  params, _ = lra_train.load_params(params_dir, checkpoint.abstract_like(trainer.params))
+  params, _ = checkpoint.load_params(params_dir, checkpoint.abstract_like(trainer.params))
   model = nnx.merge(trainer.graphdef, params, trainer.rest)
   task = tasks_lib.get_task(config.task)
   source = task.get_source(config.data, "validation")
-  batch = next(iter(input_pipeline.eval_batches(source, batch_size=examples)))
+  batch = next(iter(pipeline.eval_batches(source, batch_size=examples)))
   batch = {key: jnp.asarray(x) for key, x in batch.items()}
   with recording(VARIANTS[trained_with][0]) as records:
-    objectives.get(task.MODEL)(model, batch, None)
+    task.objective(model, batch, None)
   return records
 
 

@@ -32,7 +32,7 @@ elif ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from lra.tasks import pathfinder_generator as gen  # noqa: E402
+from lra.data import pathfinder_generator as gen  # noqa: E402
 
 LOW, HIGH = gen.FLOOD_FILL_RANGE[32]
 THRESHOLDS = (1, 32, LOW, (LOW + HIGH) // 2, HIGH, 128, 192)

@@ -1,0 +1,62 @@
+"""One config file per task (`configs/<task>.py`: `get_config(arg)` and `sweep(add)`), and
+`build_config`, which resolves a task's config by name with command-line overrides.
+
+Config files import only ml_collections and pure-Python names (no jax, no tensorflow_datasets),
+so resolving or printing a config is instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Sequence
+
+import ml_collections
+
+from configs import common
+from lra import tasks as tasks_lib
+
+
+def config_module(task: str):
+  """The config module of `task` (`configs/<task>.py`: get_config(arg), sweep(add))."""
+  return importlib.import_module(f"configs.{tasks_lib.check_name(task)}")
+
+
+def apply_override(config: ml_collections.ConfigDict, dotted: str, text: str) -> None:
+  """Sets `config.<dotted>` from the command-line string `text`."""
+  *parents, leaf = dotted.split(".")
+  node = config
+  for i, name in enumerate(parents):
+    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+      raise ValueError(f"unknown config field {'.'.join(parents[:i + 1])!r}; valid fields: "
+                       f"{', '.join(sorted(node.keys()))}.")
+    node = node[name]
+  if leaf not in node:
+    where = ".".join(parents) or "config"
+    # attention arguments are free-form: a kind's arguments differ from kind to kind
+    if parents[-1:] == ["attention"]:
+      with node.unlocked():
+        node[leaf] = common.convert(text, None)
+      return
+    raise ValueError(f"unknown config field {dotted!r}; valid fields of {where}: "
+                     f"{', '.join(sorted(node.keys()))}.")
+  try:
+    value = common.convert(text, node[leaf])
+  except ValueError as e:
+    raise ValueError(f"--config.{dotted}: {e}") from None
+  with node.ignore_type():
+    node[leaf] = value
+
+
+def build_config(task: str, *, attention: str | None = None, size: str | None = None,
+                 arg: str = "", overrides: Sequence[tuple[str, str]] = ()
+                 ) -> ml_collections.ConfigDict:
+  """The task's config for `arg` (+ attention/size), with `--config.x=y` overrides applied."""
+  parts = [p for p in (arg or "").split(",") if p]
+  if attention:
+    parts.append(f"attention={attention}")
+  if size:
+    parts.append(f"size={size}")
+  config = config_module(task).get_config(",".join(parts))
+  for dotted, text in overrides:
+    apply_override(config, dotted, text)
+  return config

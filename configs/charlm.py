@@ -1,56 +1,19 @@
 """Shared config of the character-LM tasks (enwik8, text8): Longformer models and staged phases.
 
-`get_config(task, arg)` builds the config of `task` (the module `lra.tasks.enwik8` or
-`lra.tasks.text8`) for `arg` keys `attention` (default `band`), `size` (`base`, `large` or
-`small`) and `window` (the top layer's one-sided window in phase 1; 0 = the size's default).
-
-Sizes follow Longformer (Beltagy, Peters, Cohan 2020, arXiv:2004.05150v2): section 4.1
-(windows growing with depth, no dilation in the lower layers, a little increasing dilation on
-2 heads of the upper layers), section 4.2 (the staged schedule and the evaluation protocol) and
-Appendix B, Table 12 ("Hyperparameters for the best performing model for character-level
-language modeling"):
-
-| Table 12 | value | here |
-|---|---|---|
-| small / large model | 12 / 30 layers, 8 heads, 512 hidden | `base` / `large` |
-| dropout | 0.2 (small), 0.4 (large) | same |
-| optimizer, grad clip, weight decay | AdamW, 0.25, 0.01 | same |
-| layernorm, activation | pre-layernorm, GeLU | same (the repo's Block) |
-| phases | 5 | same |
-| sequence length | 2,048 (phase 1) ... 23,040 (phase 5) | 2048, 4096, 8192, 16384, 23040 |
-| learning rate | 0.00025 (phase 1) ... 0.000015625 (phase 5) | halved each phase |
-| batch size per phase | 32, 32, 16, 16, 16 | same |
-| steps per phase (small) | 430K, 50K, 50K, 35K, 5K | same |
-| steps per phase (large) | 350K, 25K, 10K, 5K, 5K | same |
-| warmup, LR schedule | 10% of the phase (at most 10K), constant | `schedule="constant"` |
-| dilation (small) | 0 (layers 0-5), 1 (6-7), 2 (8-9), 3 (10-11), 2 heads only | see below |
-| dilation (large) | 0 (layers 0-14), 1 (15-19), 2 (20-24), 3 (25-29) | see below |
-| window sizes | phase 1: 32 (bottom) - 512 (top); doubled each phase | see below |
-
-Where this config differs from or has to interpret the paper:
-- Positions: the paper uses Transformer-XL's relative and sinusoidal positions; this repo's
-  models have absolute sinusoids (no parameters, so one model serves every phase length).
-- Windows: Table 12 prints "Phase 1 window sizes 32 (bottom layer) - 8,192 (top layer)" and
-  "Phase 5 window sizes 512 (bottom layer) - (top layer)", cells that are split wrongly (a
-  phase-1 window of 8,192 exceeds its 2,048-long sequences). With "double the window size each
-  phase" (section 4.2) the reading used here is phase 1 = 32 -> 512 and phase 5 = 512 -> 8,192.
-  The per-layer values in between are not given; they grow geometrically with depth, rounded to
-  multiples of 16. A window here is one-sided (`band` semantics; causal, so the left side).
-- Dilation: the paper's d counts the gaps (0 = none); our `dilation` is the stride (1 = none),
-  so its 1, 2, 3 become 2, 3, 4 on the last 2 of the 8 heads.
-- MLP width 2048 (Transformer-XL's d_inner for this model; the paper does not list it). Adam
-  betas (0.9, 0.999) and eps 1e-8 (PyTorch's AdamW defaults; not listed either).
-- Evaluation: sequences of 32,256 with a step of 512, scored on their last 512 characters
-  (section 4.2), i.e. `eval_length=32256, eval_context=31744`, with the first window scored in
-  full so every character counts once.
+`get_config(task, arg)` builds the config of task `task` ("enwik8" or "text8") for `arg` keys
+`attention` (default `band`), `size` (`base` = Longformer-small, `large` = Longformer-large,
+`small` = a CPU demo) and `window` (the top layer's one-sided window in phase 1; 0 = the size's
+default). The settings follow Longformer (Beltagy, Peters, Cohan 2020) section 4 and Appendix B,
+Table 12; docs/character_lm.md has the table, where this config reads a misprinted cell, and
+where it differs from the paper (absolute sinusoidal positions; our `dilation` is the stride, so
+the paper's d = 1, 2, 3 are 2, 3, 4 here; MLP width 2048 and PyTorch's Adam betas, which the
+paper does not list).
 
 `small` is a CPU demo: 4 layers of width 128, two phases (lengths 128 then 256, windows doubled,
 learning rate and batch halved), and the fallback corpus when the archive is absent.
 """
 
 from __future__ import annotations
-
-from types import ModuleType
 
 import ml_collections
 
@@ -101,11 +64,25 @@ def longformer_phases(size: str, learning_rate: float = 2.5e-4) -> tuple[dict, .
   return tuple(phases)
 
 
-def get_config(task: ModuleType, arg: str | None = None) -> ml_collections.ConfigDict:
-  """The config of character-LM `task` for `arg` = "attention=NAME,size=...,window=W"."""
+STANDARD_SPLIT = (90_000_000, 5_000_000, 5_000_000)   # train, validation, test characters
+
+
+def data_config(task: str) -> ml_collections.ConfigDict:
+  """Data settings: the standard split and window lengths; the sizes override them."""
+  return common.data_fields(
+      task,
+      max_length=2048,        # training window: inputs and targets of max_length characters
+      eval_length=0,          # evaluation window L (0: max_length)
+      eval_context=1536,      # evaluation stride is L - eval_context (Longformer: 512)
+      split_sizes=STANDARD_SPLIT,
+      fallback=False)         # without the archive, use the fallback corpus (CPU demo)
+
+
+def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """The config of character-LM task `task` for `arg` = "attention=NAME,size=...,window=W"."""
   a = common.task_arg(arg, attention="band", sizes=SIZES)
 
-  c = common.task_config(task)
+  c = common.task_config(task, data_config(task))
   c.model.pos_emb = "sinusoidal"       # no parameters: the phases change the length
   c.init_from = ""                     # a checkpoint directory whose params start this run
   c.schedule = "constant"

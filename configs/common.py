@@ -1,18 +1,24 @@
-"""Pieces shared by the task configs: `parse_arg`, trainer defaults, the mesh and rules table.
+"""Pieces shared by the task configs: the value converter, `parse_arg`, data folders, trainer and
+model defaults, the CPU-demo and LRA blocks, attention settings and the LRA sweep.
 
 `get_config(arg)` in a task file receives `arg` as "key=value,key=value" (for example
 "attention=band,size=small"); `parse_arg(arg, **defaults)` turns it into a typed ConfigDict and
-rejects unknown keys with the list of valid ones.
+rejects unknown keys with the list of valid ones. `convert` is the one string-to-value converter,
+used for `arg` values and for `--config.x=y` overrides alike.
+
+This module, like every config file, imports only ml_collections and pure-Python names (the
+attention kinds' records and the data folders), never jax or tensorflow_datasets.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Any, Mapping
+import ast
+from typing import Any, Callable, Mapping
 
 import ml_collections
 
 from attention import kinds
+from lra.data import paths
 
 # Logical axis name (carried by parameters, see models/sharding.py) -> mesh axis or None.
 AXIS_RULES = (
@@ -24,19 +30,43 @@ AXIS_RULES = (
     ("length", None),
 )
 
+_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
-def _convert(text: str, default: Any) -> Any:
-  if isinstance(default, bool):
-    if text.lower() in ("1", "true", "yes", ""):
-      return True
-    if text.lower() in ("0", "false", "no"):
-      return False
-    raise ValueError(f"expected a boolean, got {text!r}.")
-  if isinstance(default, int):
-    return int(text)
-  if isinstance(default, float):
-    return float(text)
-  return text
+
+def convert(text: str, current: Any) -> Any:
+  """The value of the command-line string `text` for a field whose current value is `current`.
+
+  The type of `current` decides: booleans take true/false (yes/no, 1/0), ints and floats their
+  numbers, strings the text as is, tuples a Python tuple or list; a field with no value yet
+  (None, or a free-form attention argument) takes a Python literal when `text` is one, else the
+  text. Raises ValueError saying what was expected.
+  """
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    value = text
+  if isinstance(current, bool):
+    word = text.strip().lower()
+    if word in _TRUE or word in _FALSE:
+      return word in _TRUE
+    raise ValueError(f"expected true or false, got {text!r}.")
+  if isinstance(current, int):
+    if isinstance(value, bool) or not isinstance(value, int):
+      raise ValueError(f"expected an integer, got {text!r}.")
+    return value
+  if isinstance(current, float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise ValueError(f"expected a number, got {text!r}.")
+    return float(value)
+  if isinstance(current, str):
+    return text
+  if isinstance(current, (tuple, list)):
+    if not isinstance(value, (tuple, list)):
+      raise ValueError(f"expected a tuple such as (1, 2), got {text!r}.")
+    return tuple(value)
+  if current is not None and not isinstance(value, type(current)):
+    raise ValueError(f"expected a {type(current).__name__}, got {text!r}.")
+  return value
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -48,8 +78,23 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
     if key not in defaults:
       raise ValueError(f"unknown config argument {key!r} in {arg!r}; valid arguments: "
                        f"{', '.join(sorted(defaults))}.")
-    out[key] = _convert(value.strip(), defaults[key])
+    try:
+      out[key] = convert(value.strip(), defaults[key])
+    except ValueError as e:
+      raise ValueError(f"config argument {key}={value.strip()}: {e}") from None
   return ml_collections.ConfigDict(out)
+
+
+def data_fields(task: str, **fields: Any) -> ml_collections.ConfigDict:
+  """Data settings: data_dir (the prepared dataset), manual_dir (the original archives),
+  download (fetch missing archives from their public address when online), then `fields`."""
+  c = ml_collections.ConfigDict()
+  c.data_dir = paths.default_data_dir(task)
+  c.manual_dir = paths.default_manual_dir()
+  c.download = True
+  for key, value in fields.items():
+    c[key] = value
+  return c
 
 
 def trainer_defaults() -> ml_collections.ConfigDict:
@@ -94,11 +139,39 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.pos_emb = "sinusoidal"     # sinusoidal | learned | none
   m.pool = "cls"               # cls | mean
   m.classifier_dim = 1024
-  # The attention primitive of every layer ({"kind": name in attention.REGISTRY, **its
+  # The attention primitive of every layer ({"kind": name in attention.kinds.KINDS, **its
   # arguments}); layer_attention optionally holds one dict per layer updating it.
   m.attention = ml_collections.ConfigDict({"kind": "dot_product"}, type_safe=False)
   m.layer_attention = ()
   return m
+
+
+def set_model(m: ml_collections.ConfigDict, *, layers: int, width: int, heads: int, mlp: int,
+              classifier: int, dropout: float, pos_emb: str, pool: str, qkv: int = 0) -> None:
+  """Sets the model fields in one call (`qkv` defaults to `width`)."""
+  m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim = layers, width, heads, qkv or width
+  m.mlp_dim, m.classifier_dim, m.dropout = mlp, classifier, dropout
+  m.pos_emb, m.pool = pos_emb, pool
+
+
+def set_schedule(c: ml_collections.ConfigDict, *, steps: int, batch: int, eval_batch: int,
+                 learning_rate: float, schedule: str, warmup: int, weight_decay: float,
+                 log_every: int, eval_every: int, checkpoint_every: int,
+                 grad_clip: float = 0.0) -> None:
+  """Sets the training length, batches, optimiser schedule and logging cadence in one call."""
+  c.num_train_steps, c.batch_size, c.eval_batch_size = steps, batch, eval_batch
+  c.learning_rate, c.schedule, c.warmup_steps = learning_rate, schedule, warmup
+  c.weight_decay, c.grad_clip = weight_decay, grad_clip
+  c.log_every, c.eval_every, c.checkpoint_every = log_every, eval_every, checkpoint_every
+
+
+def cpu_schedule(c: ml_collections.ConfigDict, *, steps: int, batch: int, eval_batch: int,
+                 learning_rate: float, warmup: int, weight_decay: float, eval_every: int,
+                 checkpoint_every: int, log_every: int = 50) -> None:
+  """The CPU demos' schedule: cosine with warmup and global-norm clipping at 1."""
+  set_schedule(c, steps=steps, batch=batch, eval_batch=eval_batch, learning_rate=learning_rate,
+               schedule="cosine", warmup=warmup, weight_decay=weight_decay, grad_clip=1.0,
+               log_every=log_every, eval_every=eval_every, checkpoint_every=checkpoint_every)
 
 
 def attention_defaults(kind: str, *, window: int, max_length: int) -> dict[str, Any]:
@@ -122,11 +195,11 @@ def task_arg(arg: str | None, *, attention: str | Mapping[str, str] = "dot_produ
   return a
 
 
-def task_config(task: ModuleType) -> ml_collections.ConfigDict:
+def task_config(name: str, data: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Trainer and model defaults plus the task's name and data settings."""
   c = trainer_defaults()
-  c.task = task.NAME
-  c.data = task.data_config()
+  c.task = name
+  c.data = data
   c.model = model_defaults()
   return c
 
@@ -140,3 +213,13 @@ def set_attention(c: ml_collections.ConfigDict, a: ml_collections.ConfigDict,
        **attention_defaults(a.attention, window=window, max_length=c.data.max_length)},
       type_safe=False)
   c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
+
+
+def lra_sweep(add: Callable[..., None], *, skip: tuple[str, ...] = (),
+              seeds: tuple[int, ...] = (0, 1, 2)) -> None:
+  """The LRA comparison: every attention kind (but `skip`) at size base, one run per seed."""
+  for name in kinds.names():
+    if name in skip:
+      continue
+    for seed in seeds:
+      add(config_arg=f"attention={name},size=base", seed=seed)

@@ -3,7 +3,7 @@
 `arg` keys: `attention` (default `band`; kinds that cannot be causal are refused), `size`
 (`base` = Longformer-small, `large` = Longformer-large, `small` = a CPU demo), `window` (the
 top layer's one-sided window in phase 1). The settings, their sources in the Longformer paper and
-where they differ from it are in configs/charlm.py and docs/character_lm.md.
+where they differ from it are in docs/character_lm.md.
 
 Main command (a CPU demo: 4 layers of width 128, two phases of 250 steps at length 128 and
 125 steps at length 256). It uses text8.zip when it is in ~/lra_data/manual; otherwise it
@@ -28,12 +28,11 @@ from __future__ import annotations
 import ml_collections
 
 from configs import charlm
-from lra.tasks import text8
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The text8 config for `arg` = "attention=NAME,size=base|large|small,window=W"."""
-  return charlm.get_config(text8, arg)
+  return charlm.get_config("text8", arg)
 
 
 def sweep(add) -> None:

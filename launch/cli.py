@@ -21,9 +21,10 @@ from launch import train as train_launcher
 
 
 def list_names() -> str:
-  import attention
-  lines = ["tasks:", *(f"  {t}" for t in sorted(train_launcher.CONFIGS)),
-           "attention kinds:", *(f"  {a}" for a in sorted(attention.REGISTRY))]
+  from attention import kinds
+  from lra import tasks
+  lines = ["tasks:", *(f"  {t}" for t in sorted(tasks.TASKS)),
+           "attention kinds:", *(f"  {a}" for a in kinds.names())]
   return "\n".join(lines)
 
 

@@ -17,14 +17,15 @@ import argparse
 import sys
 from typing import Sequence
 
-from launch import train as train_launcher
+import configs
+from lra import tasks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   sub = parser.add_subparsers(dest="data_command", required=True)
   status = sub.add_parser("status", help="which tasks have their data, and what the rest need")
   prepare = sub.add_parser("prepare", help="build one task's dataset")
-  prepare.add_argument("task", help=f"one of: {', '.join(sorted(train_launcher.CONFIGS))}")
+  prepare.add_argument("task", help=f"one of: {', '.join(sorted(tasks.TASKS))}")
   prepare.add_argument("--no-download", dest="download", action="store_false",
                        help="never download; fail with the file to get instead")
   for p in (status, prepare):
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def data_config(task: str, size: str, manual_dir: str | None,
                 overrides: Sequence[tuple[str, str]] = ()):
   """The data settings of `task`'s config for `size`, with the manual dir and overrides."""
-  config = train_launcher.build_config(task, size=size, overrides=overrides)
+  config = configs.build_config(task, size=size, overrides=overrides)
   if manual_dir:
     config.data.manual_dir = manual_dir
   return config.data
@@ -44,7 +45,6 @@ def data_config(task: str, size: str, manual_dir: str | None,
 
 def status_lines(size: str = "base", manual_dir: str | None = None) -> list[str]:
   """One line per task: `<task> ready <folder>` or `<task> missing <what to do>`."""
-  from lra import tasks
   lines = []
   width = max(len(t) for t in tasks.TASKS)
   for name in sorted(tasks.TASKS):
@@ -61,7 +61,7 @@ def status_lines(size: str = "base", manual_dir: str | None = None) -> list[str]
 
 
 def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
-  from lra import archives, tasks
+  from lra.data import archives
   if args.data_command == "status":
     if overrides:
       print("error: --config.* overrides apply to `lra data prepare` only.", file=sys.stderr)

@@ -95,3 +95,38 @@ def abstract_like(tree: Any) -> Any:
   """ShapeDtypeStructs (with shardings) for a pytree of arrays: the restore target."""
   return jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def load_params(directory: str, abstract_params: Any) -> tuple[Any, int]:
+  """The newest parameters saved in a checkpoint directory (or a workdir's `checkpoints/`).
+
+  Only `params` is read (partial restore), so the source run may have had another optimizer or
+  schedule; the shapes must match. Returns (params, step); raises CheckpointError naming the
+  directory when there is nothing to restore.
+  """
+  directory = os.path.abspath(os.path.expanduser(directory))
+  if os.path.isdir(os.path.join(directory, "checkpoints")):
+    directory = os.path.join(directory, "checkpoints")
+  manager, step = None, None
+  if os.path.isdir(directory):
+    manager = ocp.CheckpointManager(directory, item_names=("state", "data"))
+    step = manager.latest_step()
+  if step is None:
+    if manager is not None:
+      manager.close()
+    raise CheckpointError(
+        f"config.init_from = {directory} holds no finished checkpoint to initialise from; "
+        f"finish that run first or clear init_from.")
+  target = {"params": abstract_params}
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True)))
+  except Exception as e:  # noqa: BLE001 - report which directory and why, whatever failed
+    raise CheckpointError(
+        f"could not read the parameters of step {step} in {directory} (config.init_from): "
+        f"{type(e).__name__}: {str(e)[:300]}. The model config must match that run's "
+        f"(parameter shapes may not depend on the sequence length).") from e
+  finally:
+    manager.close()
+  return restored["state"]["params"], step

@@ -1,20 +1,23 @@
 """Trains and evaluates an LRA task: `train_and_evaluate(config, workdir)`.
 
-The model family comes from the task (`task.MODEL`), the attention kind from the config. The
-step is functional: the NNX model is split once into (graphdef, params, rest), the jitted train
-step takes the state pytree `{"params", "opt", "step"}` (donated) and a global batch, merges the
-model inside, and applies optax AdamW directly. Parameters are created directly sharded
-(`jax.jit` with `out_shardings` from their logical names and `config.axis_rules`).
+The task object (`lra.tasks.get_task(config.task)`) says what differs between tasks: the data,
+the model, the objective, derived metrics, which validation result is best and the result
+fields; the attention kind comes from the config. The step is functional: the NNX model is
+split once into (graphdef, params, rest), the jitted train step takes the state pytree
+`{"params", "opt", "step"}` (donated) and a global batch, merges the model inside, and applies
+optax AdamW directly. Parameters are created directly sharded (`jax.jit` with `out_shardings`
+from their logical names and `config.axis_rules`).
 
 The workdir holds: `config.json` (the resolved config), `checkpoints/` (state + data iterator
 position, periodic and final, newest `keep_checkpoints` kept), `best/` (the parameters with the
-best validation accuracy, or the lowest validation loss for language models), `metrics.jsonl`,
-`tensorboard/` (the same metrics as TensorBoard scalars) and `results.json` (final test
-evaluation; language models add bits per character).
+best validation result by the task's rule: accuracy, or loss for language models),
+`metrics.jsonl`, `tensorboard/` (the same metrics as TensorBoard scalars) and `results.json`
+(final test evaluation plus the task's own fields, such as bits per character).
 Re-running in the same workdir resumes exactly where the last checkpoint left off. Ctrl-C saves
 a checkpoint and returns with `results["interrupted"] = True`. `config.init_from` (optional) names
 another run's checkpoint directory (or its workdir) whose newest parameters initialise a run
-that has no checkpoint of its own; the staged character-LM schedule chains its phases this way.
+that has no checkpoint of its own (`lra.checkpoint.load_params`); `lra.phases` chains the
+phases of a staged schedule this way.
 """
 
 from __future__ import annotations
@@ -32,14 +35,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from flax import nnx
 from jax.experimental import multihost_utils
 
-import models
-from lra import checkpoint, mesh as mesh_lib, metrics, objectives, progress
+from attention import kinds as attention_kinds
+from lra import checkpoint, mesh as mesh_lib, metrics, progress
 from lra import tasks as tasks_lib
-from models import attention_extras
+from lra.data import pipeline
 
 log = logging.getLogger(__name__)
 
@@ -78,23 +80,16 @@ def model_config(config: ml_collections.ConfigDict, task) -> dict[str, Any]:
   cfg["layer_attention"] = tuple(dict(x) for x in (cfg.get("layer_attention") or ()))
   # Evaluation windows may be longer than the training ones (character LMs, `eval_length`).
   max_length = max(int(config.data.max_length), int(config.data.get("eval_length", 0) or 0))
-  cfg.update(vocab_size=task.VOCAB_SIZE, num_classes=task.NUM_CLASSES, max_length=max_length)
+  cfg.update(vocab_size=task.vocab_size, num_classes=task.num_classes, max_length=max_length)
   return cfg
 
 
 def validate_config(config: ml_collections.ConfigDict, task) -> None:
   """Checks names and combinations before anything is built; messages say what to change."""
-  import attention
   from models.encoder import layer_specs
   specs = layer_specs(config.model.attention.to_dict(), config.model.layer_attention,
                       config.model.num_layers)
-  for spec in specs:
-    kind = spec.get("kind")
-    attention.get(kind)
-    if task.MODEL == "lm" and kind in attention_extras.NOT_CAUSAL:
-      raise ValueError(f"task {task.NAME!r} trains a causal language model but attention "
-                       f"{kind!r} cannot be causal: {attention_extras.NOT_CAUSAL[kind]}")
-  models.get(task.MODEL)
+  task.check_layers([attention_kinds.get(spec.get("kind")).name for spec in specs])
   if config.eval_batch_size <= 0 or config.batch_size <= 0:
     raise ValueError("batch_size and eval_batch_size must be positive.")
 
@@ -158,12 +153,12 @@ class Trainer:
     validate_config(config, self.task)
     self.mesh = mesh_lib.make_mesh(config.mesh.to_dict())
     self.rules = tuple(tuple(r) for r in config.axis_rules)
-    model_cls = models.get(self.task.MODEL)
     cfg = model_config(config, self.task)
     seed = int(config.seed)
+    task = self.task
 
     def build():
-      return nnx.split(model_cls(cfg, rngs=nnx.Rngs(seed)), nnx.Param, ...)
+      return nnx.split(task.build_model(cfg, nnx.Rngs(seed)), nnx.Param, ...)
 
     graphdef, abs_params, abs_rest = nnx.eval_shape(build)
     self.graphdef = graphdef
@@ -178,7 +173,7 @@ class Trainer:
     self.state = {"params": self.params, "opt": opt, "step": step}
     self.state_sh = jax.tree.map(lambda x: x.sharding, self.state)
     self.traces = 0
-    objective = objectives.get(self.task.MODEL)
+    objective = task.objective
     base_key = jax.random.key(seed + 1)
     tx = self.tx
     repl = mesh_lib.replicated(self.mesh)
@@ -221,49 +216,13 @@ class Trainer:
       total = metrics.add_sums(total, sums)
     if total is None:
       raise ValueError("the evaluation split is empty.")
-    return metrics.summarise(total, bits_per_char=self.task.MODEL == "lm")
+    return self.summarise(total)
 
-
-def load_params(directory: str, abstract_params: Any) -> tuple[Any, int]:
-  """The newest parameters saved in a checkpoint directory (or a workdir's `checkpoints/`).
-
-  Only `params` is read (partial restore), so the source run may have had another optimizer or
-  schedule; the shapes must match. Returns (params, step); raises CheckpointError naming the
-  directory when there is nothing to restore.
-  """
-  directory = os.path.abspath(os.path.expanduser(directory))
-  if os.path.isdir(os.path.join(directory, "checkpoints")):
-    directory = os.path.join(directory, "checkpoints")
-  manager, step = None, None
-  if os.path.isdir(directory):
-    manager = ocp.CheckpointManager(directory, item_names=("state", "data"))
-    step = manager.latest_step()
-  if step is None:
-    if manager is not None:
-      manager.close()
-    raise checkpoint.CheckpointError(
-        f"config.init_from = {directory} holds no finished checkpoint to initialise from; "
-        f"finish that run first or clear init_from.")
-  target = {"params": abstract_params}
-  try:
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-        partial_restore=True)))
-  except Exception as e:  # noqa: BLE001 - report which directory and why, whatever failed
-    raise checkpoint.CheckpointError(
-        f"could not read the parameters of step {step} in {directory} (config.init_from): "
-        f"{type(e).__name__}: {str(e)[:300]}. The model config must match that run's "
-        f"(parameter shapes may not depend on the sequence length).") from e
-  finally:
-    manager.close()
-  return restored["state"]["params"], step
-
-
-def _improves(m: dict[str, float], best: dict[str, Any], lm: bool) -> bool:
-  """Whether validation metrics `m` beat `best` (accuracy; loss for language models)."""
-  if lm:
-    return m["loss"] < best.get("loss", float("inf"))
-  return m["accuracy"] > best["accuracy"]
+  def summarise(self, sums) -> dict[str, float]:
+    """Loss, accuracy and examples from summed metrics, plus the task's derived metrics."""
+    m = metrics.summarise(sums)
+    m.update(self.task.derived_metrics(m))
+    return m
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -273,8 +232,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   `hooks` are called with the step number after every train step. Returns the results written
   to `results.json`, plus `"state"` (the final train state) and `"interrupted"`.
   """
-  from lra import input_pipeline
-
   mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
   workdir = os.path.abspath(os.path.expanduser(workdir))
   os.makedirs(workdir, exist_ok=True)
@@ -288,7 +245,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   sources = {split: task.get_source(config.data, split)
              for split in ("train", "validation", "test")}
-  train_iter = input_pipeline.train_iterator(
+  train_iter = pipeline.train_iterator(
       sources["train"], batch_size=config.batch_size, seed=int(config.seed), **shard)
   del local_batch
 
@@ -303,7 +260,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     train_iter.set_state(data_state["train_iterator"])
     print(f"Resumed from {ckpt.directory} at step {start_step}.", flush=True)
   elif config.get("init_from"):
-    params, from_step = load_params(config.init_from, checkpoint.abstract_like(state["params"]))
+    params, from_step = checkpoint.load_params(config.init_from,
+                                               checkpoint.abstract_like(state["params"]))
     state = {**state, "params": params}
     print(f"Initialised the parameters from {config.init_from} (step {from_step}).", flush=True)
   best = {"accuracy": -1.0, "step": -1}
@@ -320,10 +278,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   def run_eval(step: int, params) -> dict[str, float]:
     nonlocal best
-    m = trainer.evaluate(params, input_pipeline.eval_batches(
+    m = trainer.evaluate(params, pipeline.eval_batches(
         sources["validation"], batch_size=eval_batch * jax.process_count(), **shard))
     writer.write(step, "validation", m)
-    if _improves(m, best, task.MODEL == "lm"):
+    if task.better(m, best):
       best = {"accuracy": m["accuracy"], "step": step, "loss": m["loss"]}
       best_ckpt.save(step, {"params": params}, {"best": best}, force=True)
     return m
@@ -337,7 +295,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       state, sums = trainer.train_step(state, batch, trainer.rest)
       train_sums = metrics.add_sums(train_sums, sums)
       if step % config.log_every == 0 or step == total_steps:
-        m = metrics.summarise({k: v for k, v in train_sums.items() if k != "grad_norm"})
+        m = trainer.summarise({k: v for k, v in train_sums.items() if k != "grad_norm"})
         now = time.perf_counter()
         m["steps_per_second"] = config.log_every / max(now - t_log, 1e-9)
         m["learning_rate"] = float(learning_rate_schedule(config)(step))
@@ -368,8 +326,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   ckpt.save(total_steps, state, data_state(), force=True)
   final_val = run_eval(total_steps, state["params"])
-  label_counts = np.zeros(task.NUM_CLASSES, np.int64) if task.MODEL != "lm" else None
-  test_final = trainer.evaluate(state["params"], input_pipeline.eval_batches(
+  label_counts = np.zeros(task.num_classes, np.int64) if task.count_labels else None
+  test_final = trainer.evaluate(state["params"], pipeline.eval_batches(
       sources["test"], batch_size=eval_batch * jax.process_count(), **shard),
       label_counts=label_counts)
   writer.write(total_steps, "test", test_final)
@@ -378,10 +336,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   best_params = best_ckpt.restore_latest({"params": checkpoint.abstract_like(state["params"])})
   test_best = test_final
   if best_params is not None and best["step"] != total_steps:
-    test_best = trainer.evaluate(best_params[0]["params"], input_pipeline.eval_batches(
+    test_best = trainer.evaluate(best_params[0]["params"], pipeline.eval_batches(
         sources["test"], batch_size=eval_batch * jax.process_count(), **shard))
   results = {
-      "task": task.NAME,
+      "task": task.name,
       "attention": config.model.attention.kind,
       "steps": total_steps,
       "test_accuracy": test_best["accuracy"],
@@ -396,11 +354,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   }
   if label_counts is not None and label_counts.sum():
     results["majority_class_rate"] = float(label_counts.max() / label_counts.sum())
-  if task.MODEL == "lm":
-    results["test_bpc"] = test_best["bpc"]
-    results["final_test_bpc"] = test_final["bpc"]
-    results["final_validation_bpc"] = final_val["bpc"]
-    results["best_validation_bpc"] = best.get("loss", float("nan")) / np.log(2.0)
+  results.update(task.result_fields(test_best=test_best, test_final=test_final,
+                                    final_validation=final_val, best=best))
   _write_json(os.path.join(workdir, "results.json"), results)
   ckpt.close()
   best_ckpt.close()

@@ -23,11 +23,6 @@ import attention
 from attention import kinds
 from models.sharding import param
 
-# Kind name -> the reason it cannot be causal. Derived from the records and kept only until its
-# last user (lra/train.py) asks `kinds.get(kind).check_causal()`; do not add new users.
-NOT_CAUSAL = {name: k.causal for name, k in kinds.KINDS.items() if not k.supports_causal}
-
-
 class Buffer(nnx.Variable):
   """A non-trainable array that belongs to the model (kept out of the optimizer)."""
 

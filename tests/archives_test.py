@@ -1,5 +1,5 @@
-"""Tests for lra/archives.py (locating, downloading, corrupt archives, the LRA release),
-lra/datasets.py (PaddedSource) and lra/png.py (decoding every filter, encoding)."""
+"""Tests for lra/data/archives.py (locating, downloading, corrupt archives, the LRA release),
+lra/data/builders.py (PaddedSource) and lra/data/png.py (decoding every filter, encoding)."""
 
 import io
 import os
@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
-from lra import archives, datasets, png
+from lra.data import archives, builders, png
 
 ARCHIVE = archives.Archive("thing.tar.gz", "https://example.org/thing.tar.gz", "a test archive")
 
@@ -123,7 +123,7 @@ def test_padded_source_offsets_bytes_and_keeps_the_first_values():
     def __getitems__(self, idx):
       return [self[i] for i in idx]
 
-  src = datasets.PaddedSource(Source(records), {"inputs": 6}, offset=datasets.BYTE_OFFSET)
+  src = builders.PaddedSource(Source(records), {"inputs": 6}, offset=builders.BYTE_OFFSET)
   ex = src[0]
   np.testing.assert_array_equal(ex["inputs"], [1, 6, 256, 0, 0, 0])  # a 0 byte is id 1, not pad
   assert ex["inputs"].dtype == np.int32 and ex["targets"].dtype == np.int32
@@ -146,7 +146,7 @@ PILLOW_PIXELS = [[14, 24, 40, 55, 37, 49, 78], [48, 36, 47, 73, 68, 73, 98],
 
 
 def _filtered_png(image: np.ndarray, kinds) -> bytes:
-  """A PNG whose row y is written with filter kinds[y] (an encoder independent of lra.png)."""
+  """A PNG whose row y is written with filter kinds[y] (an encoder independent of lra.data.png)."""
   h, w = image.shape[:2]
   bpp = 1 if image.ndim == 2 else image.shape[2]
   rows = image.reshape(h, -1).astype(np.int64)

@@ -1,4 +1,4 @@
-"""Tests for the character-LM tasks (lra/tasks/charlm.py, enwik8.py, text8.py), their configs and
+"""Tests for the character-LM tasks (lra/data/charlm.py, lra/tasks/charlm.py), their configs and
 the staged schedule: tiny enwik8.zip/text8.zip written in the original format (one member named
 enwik8/text8), the 90/5/5 split scaled down, windows, exact bits per character against a
 per-character computation, missing and corrupt archives, the fallback corpus, training steps and
@@ -14,11 +14,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from launch import cli, train as launcher
-from lra import archives, checkpoint, datasets, input_pipeline, train
-from lra.tasks import charlm, enwik8, text8
+import configs
+from launch import cli
+from lra import checkpoint, phases, tasks, train
+from configs import charlm as charlm_config
+from lra.data import archives, builders, charlm, pipeline
+from lra.tasks.language_model import LanguageModelTask
 
 jax.config.update("jax_disable_most_optimizations", True)
+
+enwik8 = tasks.get_task("enwik8")
+text8 = tasks.get_task("text8")
+
+
+def corpus(task) -> charlm.Corpus:
+  return charlm.CORPORA[task.name]
 
 ENWIK8_HEAD = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.3/">\n  <page>\n'
                '    <title>Caf\u00e9 M\u00fcller</title>\n    <text xml:space="preserve">'
@@ -50,7 +60,7 @@ def write_zip(manual_dir, corpus: charlm.Corpus, data: bytes,
 
 
 def data_cfg(task, tmp_path, sizes=(900, 60, 40), **kw):
-  c = task.data_config()
+  c = charlm_config.data_config(task.name)
   c.data_dir = str(tmp_path / "data")
   c.manual_dir = str(tmp_path / "manual")
   c.download = False
@@ -62,7 +72,7 @@ def data_cfg(task, tmp_path, sizes=(900, 60, 40), **kw):
 
 def tiny_config(task, tmp_path, sizes=(900, 60, 40), **overrides):
   """Two band layers (one dilated head), width 16, length 16, 8 fake devices x batch 1."""
-  c = launcher.build_config(task.NAME, size="small")
+  c = configs.build_config(task.name, size="small")
   c.data = data_cfg(task, tmp_path, sizes, fallback=False)
   c.data.max_length, c.data.eval_length, c.data.eval_context = 16, 16, 10
   c.model.emb_dim, c.model.qkv_dim, c.model.mlp_dim = 16, 16, 32
@@ -105,7 +115,7 @@ def test_eval_windows_score_every_character_once(n, length, context):
     ex = windows[i]
     start = int(windows.starts[i])
     for p in np.flatnonzero(ex["mask"]):
-      t = int(ex["targets"][p]) - datasets.BYTE_OFFSET
+      t = int(ex["targets"][p]) - builders.BYTE_OFFSET
       assert t == start + p + 1
       np.testing.assert_array_equal(ex["inputs"][:p + 1] - 1, stream[start:t])  # its context
       if i > 0:
@@ -134,18 +144,18 @@ def test_train_windows_cover_the_split():
 def test_dataset_from_the_zip_recovers_each_split(task, make, tmp_path, monkeypatch):
   monkeypatch.setattr(charlm, "CHUNK_BYTES", 64)  # several chunks per split
   data = make(1000)
-  write_zip(tmp_path / "manual", task.CORPUS, data)
+  write_zip(tmp_path / "manual", corpus(task), data)
   cfg = data_cfg(task, tmp_path, max_length=100, eval_length=0, eval_context=50)
   folder = task.prepare(cfg)
-  assert folder.endswith(os.path.join("char_lm", f"{task.NAME}_split900_60_40", "1.0.0"))
-  builder = charlm.resolve(task.CORPUS, cfg)
-  for split, (a, b) in zip(datasets.SPLITS, [(0, 900), (900, 960), (960, 1000)]):
+  assert folder.endswith(os.path.join("char_lm", f"{task.name}_split900_60_40", "1.0.0"))
+  builder = charlm.resolve(corpus(task), cfg)
+  for split, (a, b) in zip(builders.SPLITS, [(0, 900), (900, 960), (960, 1000)]):
     assert charlm.read_stream(builder, split).tobytes() == data[a:b]
   assert len(builder.as_data_source(split="train")) == math.ceil(900 / 64)
   train_src = task.get_source(cfg, "train")
   ex = train_src[0]
   np.testing.assert_array_equal(ex["inputs"], np.frombuffer(data[:cfg.max_length], np.uint8) + 1)
-  assert task.VOCAB_SIZE == 257 and task.MODEL == "lm" and task.PAD_ID == 0
+  assert task.vocab_size == 257 and isinstance(task, LanguageModelTask) and task.pad_id == 0
   if task is enwik8:  # NUL is id 1 and 0xFF id 256, never padding
     ids = np.concatenate([train_src[i]["inputs"] for i in range(len(train_src))])
     assert ids.min() == 1 and ids.max() == 256
@@ -165,27 +175,27 @@ def test_missing_archive_names_url_file_and_directory(tmp_path):
 
 def test_corrupt_or_wrong_archives_leave_no_dataset(tmp_path):
   data = enwik8_bytes(1000)
-  path = write_zip(tmp_path / "manual", enwik8.CORPUS, data, compression=zipfile.ZIP_STORED)
+  path = write_zip(tmp_path / "manual", corpus(enwik8), data, compression=zipfile.ZIP_STORED)
   cfg = data_cfg(enwik8, tmp_path)
   raw = bytearray(open(path, "rb").read())
   raw[raw.index(data[:40]) + 200] ^= 0x55          # one flipped byte in the member: bad CRC
   open(path, "wb").write(bytes(raw))
   with pytest.raises(archives.CorruptArchiveError, match="enwik8.zip is truncated or corrupt"):
     enwik8.prepare(cfg)
-  assert charlm.resolve(enwik8.CORPUS, cfg).is_prepared() is False
+  assert charlm.resolve(corpus(enwik8), cfg).is_prepared() is False
   open(path, "wb").write(bytes(raw[:len(raw) // 2]))  # truncated
   with pytest.raises(archives.CorruptArchiveError, match="download it again from http"):
     enwik8.prepare(cfg)
-  assert charlm.resolve(enwik8.CORPUS, cfg).is_prepared() is False
+  assert charlm.resolve(corpus(enwik8), cfg).is_prepared() is False
   with zipfile.ZipFile(path, "w") as z:                # a zip without the `enwik8` member
     z.writestr("enwik9", data)
   with pytest.raises(archives.CorruptArchiveError, match="no member 'enwik8'"):
     enwik8.prepare(cfg)
-  write_zip(tmp_path / "manual", enwik8.CORPUS, data)  # too short for the standard split
+  write_zip(tmp_path / "manual", corpus(enwik8), data)  # too short for the standard split
   standard = data_cfg(enwik8, tmp_path, sizes=charlm.STANDARD_SPLIT)
   with pytest.raises(ValueError, match="data.split_sizes"):
     enwik8.prepare(standard)
-  assert charlm.resolve(enwik8.CORPUS, standard).is_prepared() is False
+  assert charlm.resolve(corpus(enwik8), standard).is_prepared() is False
   assert not os.path.exists(tmp_path / "data" / "char_lm" / "enwik8" / "1.0.0")
 
 
@@ -204,7 +214,7 @@ def test_fallback_corpus_when_the_archive_is_absent(tmp_path, capsys):
   assert set(t8) <= set(b"abcdefghijklmnopqrstuvwxyz ") and b"  " not in t8 and len(t8) > 1000
   assert "text8.zip" in capsys.readouterr().err
   # The archive, once there, wins over the fallback.
-  write_zip(tmp_path / "manual", enwik8.CORPUS, enwik8_bytes(1000))
+  write_zip(tmp_path / "manual", corpus(enwik8), enwik8_bytes(1000))
   assert enwik8.get_source(cfg, "test").stream.tobytes() == enwik8_bytes(1000)[960:]
 
 
@@ -231,7 +241,7 @@ def direct_bits(model, text: bytes, length: int, context: int) -> tuple[float, i
 
 def test_trainer_bpc_equals_a_per_character_computation(tmp_path):
   data = enwik8_bytes(1000)
-  write_zip(tmp_path / "manual", enwik8.CORPUS, data)
+  write_zip(tmp_path / "manual", corpus(enwik8), data)
   config = tiny_config(enwik8, tmp_path, **{"data.eval_length": 8, "data.eval_context": 5})
   results = train.train_and_evaluate(config, str(tmp_path / "run"))
   assert results["train_step_traces"] == 1 and int(results["state"]["step"]) == 2
@@ -243,23 +253,23 @@ def test_trainer_bpc_equals_a_per_character_computation(tmp_path):
   assert 0.0 < results["test_bpc"] < 12.0
   # The same through Trainer.evaluate with other batch sizes (fillers have weight 0).
   for batch_size in (8, 16):
-    m = trainer.evaluate(results["state"]["params"], input_pipeline.eval_batches(
+    m = trainer.evaluate(results["state"]["params"], pipeline.eval_batches(
         enwik8.get_source(config.data, "test"), batch_size=batch_size))
     assert abs(m["bpc"] - bits / count) < 1e-5 and m["examples"] == 39
 
 
 def test_two_phase_schedule_on_text8_through_the_lra_command(tmp_path, capsys):
-  write_zip(tmp_path / "manual", text8.CORPUS, text8_bytes(1000))
+  write_zip(tmp_path / "manual", corpus(text8), text8_bytes(1000))
   # Phase 2 has learning rate 0: it must end exactly where phase 1 did, which only holds if it
   # started from phase 1's parameters.
-  phases = ({"steps": 2, "max_length": 8, "window_scale": 1, "learning_rate": 0.01,
+  schedule = ({"steps": 2, "max_length": 8, "window_scale": 1, "learning_rate": 0.01,
              "batch_size": 8, "warmup_steps": 1},
             {"steps": 1, "max_length": 16, "window_scale": 2, "learning_rate": 0.0,
              "batch_size": 8, "warmup_steps": 1})
   config = tiny_config(text8, tmp_path)
   args = ["run", "text8", "--size", "small", "--workdir", str(tmp_path / "run")]
   overrides = [f"--config.{k}={v if isinstance(v, str) else repr(v)}" for k, v in (
-      ("phases", phases), ("data.data_dir", config.data.data_dir),
+      ("phases", schedule), ("data.data_dir", config.data.data_dir),
       ("data.manual_dir", config.data.manual_dir), ("data.split_sizes", (900, 60, 40)),
       ("data.fallback", False), ("data.eval_length", 16), ("data.eval_context", 10),
       ("model.emb_dim", 16), ("model.qkv_dim", 16), ("model.mlp_dim", 32),
@@ -286,12 +296,12 @@ def test_two_phase_schedule_on_text8_through_the_lra_command(tmp_path, capsys):
     assert results["train_step_traces"] == 1 and results["test_examples"] == 39
     assert np.isfinite(results["test_bpc"]) and results["task"] == "text8"
 
-  full = launcher.build_config("text8", size="small", overrides=[
+  full = configs.build_config("text8", size="small", overrides=[
       tuple(o[len("--config."):].split("=", 1)) for o in overrides])
-  target = checkpoint.abstract_like(train.Trainer(launcher.phase_config(full, 0)).params)
+  target = checkpoint.abstract_like(train.Trainer(phases.phase_config(full, 0)).params)
 
   def final_params(phase):
-    params, _ = train.load_params(str(tmp_path / "run" / f"phase{phase}"), target)
+    params, _ = checkpoint.load_params(str(tmp_path / "run" / f"phase{phase}"), target)
     return jax.tree.leaves(params)
 
   one, two = final_params(1), final_params(2)

@@ -22,7 +22,7 @@ import time
 import jax
 import numpy as np
 
-from launch import train as launch_train
+import configs
 from lra import checkpoint, metrics, tasks, train
 
 jax.config.update("jax_disable_most_optimizations", True)  # as in train_test.py: compiles faster
@@ -136,7 +136,7 @@ def assert_same_params(got, want) -> None:
 
 
 def test_two_processes_train_like_one_and_share_checkpoints(tmp_path):
-  config = launch_train.build_config(
+  config = configs.build_config(
       "listops", size="small", overrides=[(k, str(v)) for k, v in OVERRIDES.items()])
   tasks.get_task("listops").prepare(config.data)  # before the processes start, not in both
   two, one, resumed = (str(tmp_path / name) for name in ("two", "one", "resumed"))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from configs import common, image as image_config
-from lra import archives, metrics, train
+from lra import metrics, train
+from lra.data import archives
 from lra.tasks import image
 
 jax.config.update("jax_disable_most_optimizations", True)
@@ -109,7 +110,7 @@ def assert_gray(got, rgb):
 
 
 def _cfg(tmp_path, **kw):
-  cfg = image.data_config()
+  cfg = image_config.get_config("size=base").data
   cfg.data_dir = str(tmp_path / "data")
   cfg.manual_dir = str(tmp_path / "manual")
   cfg.download = False

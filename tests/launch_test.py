@@ -3,6 +3,7 @@
 import pytest
 
 import attention
+import configs
 from launch import cli, train as launcher
 
 
@@ -22,7 +23,7 @@ def test_unknown_task_and_attention_are_errors_with_the_valid_names(capsys):
 
 
 def test_overrides_are_typed_and_checked():
-  c = launcher.build_config("listops", attention="band", size="small", overrides=[
+  c = configs.build_config("listops", attention="band", size="small", overrides=[
       ("num_train_steps", "7"), ("learning_rate", "0.01"), ("progress", "false"),
       ("model.attention.window", "5"), ("model.attention.dilation", "(1, 2, 1, 2)"),
       ("mesh.tensor", "2"), ("data.data_dir", "/tmp/x")])
@@ -30,11 +31,11 @@ def test_overrides_are_typed_and_checked():
   assert c.model.attention.window == 5 and c.model.attention.dilation == (1, 2, 1, 2)
   assert c.mesh.tensor == 2 and c.data.data_dir == "/tmp/x"
   with pytest.raises(ValueError, match="valid fields of model: .*emb_dim"):
-    launcher.build_config("listops", overrides=[("model.emb", "3")])
+    configs.build_config("listops", overrides=[("model.emb", "3")])
   with pytest.raises(ValueError, match="expected"):
-    launcher.build_config("listops", overrides=[("num_train_steps", "many")])
+    configs.build_config("listops", overrides=[("num_train_steps", "many")])
   with pytest.raises(ValueError, match="unknown config field 'optim'"):
-    launcher.build_config("listops", overrides=[("optim.lr", "1")])
+    configs.build_config("listops", overrides=[("optim.lr", "1")])
 
 
 def test_split_overrides_accepts_both_spellings():
@@ -45,7 +46,7 @@ def test_split_overrides_accepts_both_spellings():
 
 
 def test_default_workdir_names_the_run():
-  c = launcher.build_config("listops", attention="band", size="small")
+  c = configs.build_config("listops", attention="band", size="small")
   assert launcher.default_workdir("listops", c) == "workdirs/listops-band-small"
 
 
@@ -69,7 +70,7 @@ def test_data_status_and_prepare(tmp_path, monkeypatch, capsys):
   err = capsys.readouterr().err
   assert "lra_release.gz" in err and str(tmp_path / "m") in err
   assert cli.main(["data", "prepare", "listops_x"]) == 2
-  assert "valid names: enwik8" in capsys.readouterr().err
+  assert "valid tasks: enwik8" in capsys.readouterr().err
 
 
 def test_run_with_missing_data_prints_what_to_get(tmp_path, capsys):

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from lra import tasks
+from configs import listops as listops_config
+from lra.data import listops_generator as gen
 from lra.tasks import listops
+from lra.tasks.classification import ClassificationTask
 
 # The LRA generator's own definitions, used as an independent reference: a tree is written as
 # left-nested pairs (((op, c1), c2), ..., END) and evaluated pairwise.
@@ -57,7 +60,7 @@ def _depth_and_arities(ids):
     if t in (11, 12, 13, 14):
       depth += 1
       stack.append(0)
-    elif t == listops.END_ID:
+    elif t == gen.END_ID:
       arities.append(stack.pop())
       depth -= 1
       if stack:
@@ -69,40 +72,40 @@ def _depth_and_arities(ids):
 
 
 def test_vocabulary_is_fixed_and_documented():
-  assert listops.VOCAB_SIZE == 17 and listops.PAD_ID == 0 and listops.UNK_ID == 16
+  assert gen.VOCAB_SIZE == 17 and gen.PAD_ID == 0 and gen.UNK_ID == 16
   expected = {str(d): d + 1 for d in range(10)}
   expected.update({"[MIN": 11, "[MAX": 12, "[MED": 13, "[SM": 14, "]": 15})
-  assert listops.TOKEN_TO_ID == expected
-  ids = listops.encode("( ( ( [MAX 2 ) ( ( ( [FIRST 7 ) 1 ) ] ) ) ] )")
-  np.testing.assert_array_equal(ids, [12, 3, listops.UNK_ID, 8, 2, 15, 15])
+  assert gen.TOKEN_TO_ID == expected
+  ids = gen.encode("( ( ( [MAX 2 ) ( ( ( [FIRST 7 ) 1 ) ] ) ) ] )")
+  np.testing.assert_array_equal(ids, [12, 3, gen.UNK_ID, 8, 2, 15, 15])
 
 
 def test_released_string_matches_the_lra_writer_and_values():
-  rows = listops.generate(300, min_length=10, max_length=120, seed=3)
+  rows = gen.generate(300, min_length=10, max_length=120, seed=3)
   for ids, label in rows:
-    source = listops.to_released_string(ids)
+    source = gen.to_released_string(ids)
     tree = _parse_pairs(source)
     assert _lra_to_string(tree) == source
-    assert _lra_to_value(tree) == label == listops.evaluate(ids)
-    np.testing.assert_array_equal(listops.encode(source), ids)
-  assert listops.to_released_string([12, 3, 10, 15]) == "( ( ( [MAX 2 ) 9 ) ] )"
+    assert _lra_to_value(tree) == label == gen.evaluate(ids)
+    np.testing.assert_array_equal(gen.encode(source), ids)
+  assert gen.to_released_string([12, 3, 10, 15]) == "( ( ( [MAX 2 ) 9 ) ] )"
 
 
 @pytest.mark.parametrize("source, value", [
     ("[MED 1 2 3 4 ]", 2), ("[MED 9 8 ]", 8), ("[SM 7 8 ]", 5), ("[MIN 3 [MAX 1 9 ] 4 ]", 3),
     ("[MAX 0 [SM 9 9 [MED 0 9 5 ] ] 2 ]", 3)])
 def test_evaluate_semantics(source, value):
-  assert listops.evaluate(listops.encode(source)) == value
+  assert gen.evaluate(gen.encode(source)) == value
 
 
 def test_evaluate_rejects_malformed_input():
   for bad in ("[MAX 1 2", "1 2", "[MIN ]", "]"):
     with pytest.raises(ValueError):
-      listops.evaluate(listops.encode(bad))
+      gen.evaluate(gen.encode(bad))
 
 
 def test_generator_respects_the_grammar_and_bounds():
-  rows = listops.generate(2000, min_length=20, max_length=300, max_depth=10, max_args=10, seed=0)
+  rows = gen.generate(2000, min_length=20, max_length=300, max_depth=10, max_args=10, seed=0)
   keys = {bytes(ids) for ids, _ in rows}
   assert len(keys) == len(rows)
   arity_counts = collections.Counter()
@@ -122,32 +125,32 @@ def test_generator_respects_the_grammar_and_bounds():
 
 
 def test_generator_depth_limit_and_operator_probability():
-  rows = listops.generate(400, min_length=4, max_length=60, max_depth=3, max_args=4, seed=1)
+  rows = gen.generate(400, min_length=4, max_length=60, max_depth=3, max_args=4, seed=1)
   for ids, _ in rows:
     depth, arities = _depth_and_arities(ids)
     assert depth <= 3 and max(arities) <= 4
   # With max_depth 2 only the root may be an operator: each tree is one flat operator.
-  for ids, _ in listops.generate(50, min_length=3, max_length=20, max_depth=2, seed=2):
-    assert np.count_nonzero(ids == listops.END_ID) == 1
+  for ids, _ in gen.generate(50, min_length=3, max_length=20, max_depth=2, seed=2):
+    assert np.count_nonzero(ids == gen.END_ID) == 1
 
 
 def test_generator_is_seeded_and_excludes():
-  a = listops.generate(50, min_length=10, max_length=80, seed=5)
-  b = listops.generate(50, min_length=10, max_length=80, seed=5)
-  c = listops.generate(50, min_length=10, max_length=80, seed=6)
+  a = gen.generate(50, min_length=10, max_length=80, seed=5)
+  b = gen.generate(50, min_length=10, max_length=80, seed=5)
+  c = gen.generate(50, min_length=10, max_length=80, seed=6)
   assert [bytes(x) for x, _ in a] == [bytes(x) for x, _ in b]
   assert [bytes(x) for x, _ in a] != [bytes(x) for x, _ in c]
   seen = {bytes(x) for x, _ in a}
-  d = listops.generate(50, min_length=10, max_length=80, seed=5, exclude=seen)
+  d = gen.generate(50, min_length=10, max_length=80, seed=5, exclude=seen)
   assert not {bytes(x) for x, _ in a} & {bytes(x) for x, _ in d} and len(seen) == 100
   with pytest.raises(ValueError, match="min_length < length < max_length"):
-    listops.generate(5, min_length=10, max_length=11)
+    gen.generate(5, min_length=10, max_length=11)
   with pytest.raises(RuntimeError, match="found only 400 of 401"):  # 4 ops x 10 x 10 digits
-    listops.generate(401, min_length=3, max_length=5, max_depth=2, max_args=2)
+    gen.generate(401, min_length=3, max_length=5, max_depth=2, max_args=2)
 
 
 def _small_cfg(tmp_path, **kw):
-  cfg = listops.data_config()
+  cfg = listops_config.data_config()
   cfg.data_dir = str(tmp_path)
   cfg.manual_dir = str(tmp_path / "manual")
   settings = dict(num_train=60, num_val=12, num_test=12, gen_min_length=10, gen_max_length=50,
@@ -174,7 +177,7 @@ def test_generated_dataset_through_tfds(tmp_path):
       assert ex["targets"].dtype == np.int32 and ex["targets"].shape == ()
       n = int(np.count_nonzero(ex["inputs"]))
       assert 10 < n < 50 and not ex["inputs"][n:].any()
-      assert listops.evaluate(ex["inputs"][:n]) == ex["targets"]
+      assert gen.evaluate(ex["inputs"][:n]) == ex["targets"]
       seen.add(bytes(ex["inputs"][:n].astype(np.uint8)))
   assert len(seen) == 84  # disjoint splits
   batch = splits["test"].__getitems__([0, 3])
@@ -190,9 +193,9 @@ def test_generated_dataset_through_tfds(tmp_path):
 def test_released_tsvs_are_read_in_the_release_layout(tmp_path):
   release = tmp_path / "lra_release" / "listops-1000"
   release.mkdir(parents=True)
-  rows = listops.generate(30, min_length=10, max_length=40, seed=9)
+  rows = gen.generate(30, min_length=10, max_length=40, seed=9)
   for i, name in enumerate(("basic_train.tsv", "basic_val.tsv", "basic_test.tsv")):
-    listops.write_tsv(str(release / name), rows[10 * i:10 * (i + 1)])
+    gen.write_tsv(str(release / name), rows[10 * i:10 * (i + 1)])
   with open(release / "basic_val.tsv", newline="") as f:
     lines = list(csv.reader(f, delimiter="\t"))
   assert lines[0] == ["Source", "Target"] and lines[1][0].startswith("( ")
@@ -205,7 +208,7 @@ def test_released_tsvs_are_read_in_the_release_layout(tmp_path):
 
 def test_cli_tsvs_equal_the_generated_dataset(tmp_path):
   out = tmp_path / "lra_release" / "listops-1000"
-  listops.main(["--output_dir", str(out), "--num_train=20", "--num_val=5", "--num_test=5",
+  gen.main(["--output_dir", str(out), "--num_train=20", "--num_val=5", "--num_test=5",
                 "--gen_min_length=10", "--gen_max_length=40", "--seed=4"])
   gen_cfg = _small_cfg(tmp_path / "gen", num_train=20, num_val=5, num_test=5,
                        gen_max_length=40, seed=4)
@@ -231,20 +234,21 @@ def test_bad_tsv_is_reported(tmp_path):
   path = tmp_path / "bad.tsv"
   path.write_text("Source\tTarget\n[MAX 1 2 ]\t12\n")
   with pytest.raises(ValueError, match="label 12"):
-    list(listops.read_tsv(str(path)))
+    list(gen.read_tsv(str(path)))
   path.write_text("src\tlabel\n")
   with pytest.raises(ValueError, match="header"):
-    list(listops.read_tsv(str(path)))
+    list(gen.read_tsv(str(path)))
 
 
 def test_task_registry():
   task = tasks.get_task("listops")
-  assert tasks.get_task("listops") is listops
-  assert set(tasks.TASKS) >= {"listops", "text", "retrieval", "image", "pathfinder", "pathx"}
-  assert (task.NAME, task.NUM_CLASSES, task.MODEL) == ("listops", 10, "classifier")
-  cfg = task.data_config()
+  assert task is listops.TASK and isinstance(task, ClassificationTask)
+  assert set(tasks.TASKS) == {"listops", "text", "retrieval", "image", "pathfinder", "pathx",
+                              "enwik8", "text8"}
+  assert (task.name, task.num_classes, task.vocab_size) == ("listops", 10, 17)
+  cfg = listops_config.data_config()
   for key in ("data_dir", "max_length", "generate", "num_train", "num_val", "num_test",
               "gen_min_length", "gen_max_length", "seed"):
     assert key in cfg
-  with pytest.raises(ValueError, match="valid names: .*listops"):
+  with pytest.raises(ValueError, match="valid tasks: .*listops"):
     tasks.get_task("list_ops")

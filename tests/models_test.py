@@ -51,15 +51,19 @@ def call(model, family, x, rng=None):
   return model(x, rng=rng)
 
 
-@pytest.mark.parametrize("family", sorted(models.MODELS))
+FAMILIES = {"classifier": models.Classifier, "dual_encoder": models.DualEncoder,
+            "lm": models.LanguageModel}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_and_backward(kind, family):
   cfg = tiny_config(kind, pool="mean" if family == "dual_encoder" else "cls")
   if family == "lm" and not kinds.get(kind).supports_causal:
     with pytest.raises(ValueError, match="cannot be causal"):
-      models.get(family)(cfg, rngs=nnx.Rngs(0))
+      FAMILIES[family](cfg, rngs=nnx.Rngs(0))
     return
-  model = models.get(family)(cfg, rngs=nnx.Rngs(0))
+  model = FAMILIES[family](cfg, rngs=nnx.Rngs(0))
   x = tokens()
   out = call(model, family, x)
   expected = (3, LENGTH, 17) if family == "lm" else (3, 10)
@@ -143,8 +147,6 @@ def test_growing_windows_and_per_head_dilation_change_the_output():
 def test_unknown_names_list_the_valid_ones():
   with pytest.raises(ValueError, match="valid names: .*dot_product"):
     models.Classifier(tiny_config("no_such_kind"), rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match="valid names: classifier, dual_encoder, lm"):
-    models.get("transformer")
   with pytest.raises(ValueError, match="valid kinds"):
     models.Classifier(tiny_config("dot_product", pos_emb="rotary"), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="valid: cls, mean"):

@@ -1,4 +1,4 @@
-"""Tests for lra.tasks.pathfinder_generator: images, labels against a flood fill, the release
+"""Tests for lra.data.pathfinder_generator: images, labels against a flood fill, the release
 layout it writes, determinism, settings errors, and the PIL-equivalent drawing."""
 
 import os
@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from lra import png
-from lra.tasks import pathfinder_generator as gen
-from lra.tasks import pathfinder_snakes as snakes
+from lra.data import png
+from lra.data import pathfinder_generator as gen
+from lra.data import pathfinder_snakes as snakes
 
 
 def _reaches(image: np.ndarray, a, b, threshold: int) -> bool:

@@ -1,4 +1,4 @@
-"""Tests for lra.tasks.pathfinder, lra.tasks.pathx and their configs: a folder in the LRA
+"""Tests for lra.tasks.pathfinder (Pathfinder and Path-X) and their configs: a folder in the LRA
 release layout (PNGs + text .npy metadata, with an all-zero image), the same packed in
 lra_release.gz, splits and ids, errors for missing/truncated/corrupt inputs, the generator glue,
 and two training steps of Pathfinder and of Path-X."""
@@ -13,10 +13,13 @@ import jax
 import numpy as np
 import pytest
 
-import lra.tasks
+import lra.data
 from configs import common, pathfinder as pathfinder_config, pathx as pathx_config
-from lra import archives, metrics, png, train
-from lra.tasks import pathfinder, pathx
+from lra import metrics, train
+from lra.data import archives, png
+from lra.tasks import pathfinder
+
+pathx = pathfinder.PATHX   # the Task object of Path-X: pathfinder's functions at 128x128
 
 jax.config.update("jax_disable_most_optimizations", True)
 
@@ -74,7 +77,8 @@ def expected_splits(rows):
 
 
 def _cfg(tmp_path, module=pathfinder, **kw):
-  cfg = module.data_config()
+  cfg = (pathfinder_config.data_config("pathx", 128) if module is pathx
+         else pathfinder_config.data_config())
   cfg.data_dir = str(tmp_path / "data")
   cfg.manual_dir = str(tmp_path / "manual")
   cfg.download = False
@@ -207,10 +211,10 @@ def test_generate_writes_the_release_layout_then_builds(tmp_path, monkeypatch):
     rows.update(write_release(output_dir, resolution=resolution, seed=seed))
 
   rows = {}
-  fake = types.ModuleType("lra.tasks.pathfinder_generator")
+  fake = types.ModuleType("lra.data.pathfinder_generator")
   fake.write_dataset = write_dataset
-  monkeypatch.setitem(sys.modules, "lra.tasks.pathfinder_generator", fake)
-  monkeypatch.setattr(lra.tasks, "pathfinder_generator", fake, raising=False)
+  monkeypatch.setitem(sys.modules, "lra.data.pathfinder_generator", fake)
+  monkeypatch.setattr(lra.data, "pathfinder_generator", fake, raising=False)
   cfg = _cfg(tmp_path, generate=True, num_generated=20, generator_seed=5,
              difficulty="intermediate")
   assert "generated32_intermediate_n20_seed5" in pathfinder.status(cfg).detail

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from configs import common, retrieval as retrieval_config
-from lra import archives, tasks, train
+from lra import tasks, train
+from lra.data import archives
 from lra.tasks import retrieval
+from lra.tasks.classification import MatchingTask
 
 jax.config.update("jax_disable_most_optimizations", True)
 
@@ -67,7 +69,7 @@ def write_release_tarball(path):
 
 
 def data_cfg(root, **kw):
-  cfg = retrieval.data_config()
+  cfg = retrieval_config.data_config()
   cfg.data_dir = str(root / "data")
   cfg.manual_dir = str(root / "manual")
   cfg.download = False
@@ -208,9 +210,8 @@ def test_malformed_lines_are_reported(tmp_path):
 
 def test_task_interface():
   task = tasks.get_task("retrieval")
-  assert task is retrieval
-  assert (task.NAME, task.NUM_CLASSES, task.MODEL, task.VOCAB_SIZE, task.PAD_ID) == \
-      ("retrieval", 2, "dual_encoder", 257, 0)
+  assert task is retrieval.TASK and type(task) is MatchingTask
+  assert (task.name, task.num_classes, task.vocab_size, task.pad_id) == ("retrieval", 2, 257, 0)
 
 
 def test_configs_base_is_lra_and_small_is_smaller():

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from configs import common, text as text_config
-from lra import archives, tasks, train
+from lra import tasks, train
+from lra.data import archives
 from lra.tasks import text
+from lra.tasks.classification import ClassificationTask
 
 jax.config.update("jax_disable_most_optimizations", True)
 
@@ -68,7 +70,7 @@ def expected(split):
 
 
 def data_cfg(root, **kw):
-  cfg = text.data_config()
+  cfg = text_config.data_config()
   cfg.data_dir = str(root / "data")
   cfg.manual_dir = str(root / "manual")
   cfg.download = False
@@ -207,9 +209,8 @@ def test_archive_without_the_aclimdb_layout_is_refused(tmp_path):
 
 def test_task_interface():
   task = tasks.get_task("text")
-  assert task is text
-  assert (task.NAME, task.NUM_CLASSES, task.MODEL, task.VOCAB_SIZE, task.PAD_ID) == \
-      ("text", 2, "classifier", 257, 0)
+  assert task is text.TASK and type(task) is ClassificationTask
+  assert (task.name, task.num_classes, task.vocab_size, task.pad_id) == ("text", 2, 257, 0)
 
 
 def test_configs_base_is_lra_and_small_is_smaller():

@@ -11,7 +11,7 @@ import pytest
 
 import attention
 from configs import common, listops as listops_config
-from lra import metrics, train
+from lra import metrics, tasks, train
 
 jax.config.update("jax_disable_most_optimizations", True)
 
@@ -113,14 +113,13 @@ def test_rerun_of_a_finished_run_does_not_train_again(data_dir, tmp_path):
 
 
 def test_language_model_config_refuses_non_causal_kinds():
-  class LmTask:
-    NAME, MODEL = "enwik8", "lm"
+  lm_task = tasks.get_task("enwik8")
   config = listops_config.get_config("size=small,attention=dot_product")
   config.model.attention = {"kind": "linformer", "k": 8}
   if "linformer" not in attention.REGISTRY:
     pytest.skip("linformer not registered")
   with pytest.raises(ValueError, match="cannot be causal"):
-    train.validate_config(config, LmTask)
+    train.validate_config(config, lm_task)
 
 
 def test_schedules():

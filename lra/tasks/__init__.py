@@ -1,41 +1,39 @@
-"""Long Range Arena and character-LM tasks by name.
+"""The tasks by name: `TASKS` is the one list of task names, `get_task(name)` the Task object.
 
-Each task module exports NAME, NUM_CLASSES, VOCAB_SIZE, PAD_ID (0), MODEL (the model family the
-trainer builds: "classifier", "dual_encoder" or "lm"), `data_config()` (an ml_collections
-ConfigDict of data settings), `get_source(data_cfg, split)` (a random-access source of padded
-examples for "train", "validation" and "test"), `prepare(data_cfg)` (builds the dataset if it is
-missing; raises `lra.archives.DataMissingError` naming the file to get) and `status(data_cfg)`
-(an `lra.datasets.Status` for `lra data status`).
-
-Modules are imported when a task is first asked for, so one task's imports never slow another.
+Each entry names the module and attribute of a `lra.tasks.base.Task` (data plus family: model,
+objective, metrics, best-checkpoint rule, result line). Modules are imported when a task is
+first asked for, so listing names imports nothing heavy and one task's imports never slow
+another. The config of task `name` is `configs/<name>.py`.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
 
-# Task name -> the module implementing it.
+# Task name -> "module:attribute" of its Task object.
 TASKS = {
-    "listops": "lra.tasks.listops",
-    "text": "lra.tasks.text",
-    "retrieval": "lra.tasks.retrieval",
-    "image": "lra.tasks.image",
-    "pathfinder": "lra.tasks.pathfinder",
-    "pathx": "lra.tasks.pathx",
-    "enwik8": "lra.tasks.enwik8",
-    "text8": "lra.tasks.text8",
+    "listops": "lra.tasks.listops:TASK",
+    "text": "lra.tasks.text:TASK",
+    "retrieval": "lra.tasks.retrieval:TASK",
+    "image": "lra.tasks.image:TASK",
+    "pathfinder": "lra.tasks.pathfinder:TASK",
+    "pathx": "lra.tasks.pathfinder:PATHX",
+    "enwik8": "lra.tasks.charlm:ENWIK8",
+    "text8": "lra.tasks.charlm:TEXT8",
 }
 
 
-def get_task(name: str) -> ModuleType:
-  """Returns the task module registered under `name`."""
-  try:
-    module = TASKS[name]
-  except KeyError:
-    raise ValueError(
-        f"unknown task {name!r}; valid names: {', '.join(sorted(TASKS))}.") from None
-  return importlib.import_module(module)
+def check_name(name: str) -> str:
+  """Returns `name` when it is a task; raises ValueError listing the valid names otherwise."""
+  if name not in TASKS:
+    raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}.")
+  return name
 
 
-__all__ = ["TASKS", "get_task"]
+def get_task(name: str):
+  """The Task object registered under `name` (a `lra.tasks.base.Task`)."""
+  module, attribute = TASKS[check_name(name)].split(":")
+  return getattr(importlib.import_module(module), attribute)
+
+
+__all__ = ["TASKS", "check_name", "get_task"]

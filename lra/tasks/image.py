@@ -36,12 +36,12 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
-from lra import archives, datasets
+from lra.data import archives, builders
+from lra.tasks.classification import ClassificationTask
 
 NAME = "image"
 NUM_CLASSES = 10
-MODEL = "classifier"
-VOCAB_SIZE = datasets.BYTE_VOCAB_SIZE   # padding + 256 gray levels
+VOCAB_SIZE = builders.BYTE_VOCAB_SIZE   # padding + 256 gray levels
 PAD_ID = 0
 IMAGE_SIZE = 32
 LENGTH = IMAGE_SIZE * IMAGE_SIZE        # 1024 tokens
@@ -55,13 +55,6 @@ TEST_BATCH = "test_batch"
 META = "batches.meta"
 VALIDATION_FRACTION = 10               # the last 1/10 of the training images (5,000)
 RGB_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], np.float32)  # tf.image.rgb_to_grayscale
-
-
-def data_config() -> ml_collections.ConfigDict:
-  """Data settings: data_dir, manual_dir (the archive), download, max_length (1024)."""
-  c = datasets.data_fields(NAME)
-  c.max_length = LENGTH
-  return c
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,7 +177,7 @@ class ImageConfig(tfds.core.BuilderConfig):
   archive: str = ""
 
 
-class ImageBuilder(datasets.Builder, skip_registration=True):
+class ImageBuilder(builders.Builder, skip_registration=True):
   """CIFAR-10 grayscale pixels (uint8 [1024], raw values) and an int32 label."""
 
   name = "lra_image"
@@ -195,7 +188,7 @@ class ImageBuilder(datasets.Builder, skip_registration=True):
         builder=self,
         description=__doc__,
         features=tfds.features.FeaturesDict({
-            "inputs": datasets.token_feature(),   # gray levels 0..255, row-major
+            "inputs": builders.token_feature(),   # gray levels 0..255, row-major
             "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
         }),
         homepage="https://www.cs.toronto.edu/~kriz/cifar.html",
@@ -226,7 +219,7 @@ def build(data_cfg: ml_collections.ConfigDict) -> ImageBuilder:
   if builder.is_prepared():
     return builder
   path = archives.locate(CIFAR10, data_cfg.manual_dir, download=data_cfg.download)
-  return datasets.prepare(_builder(data_cfg, path), NAME)
+  return builders.prepare(_builder(data_cfg, path), NAME)
 
 
 def prepare(data_cfg: ml_collections.ConfigDict) -> str:
@@ -234,20 +227,24 @@ def prepare(data_cfg: ml_collections.ConfigDict) -> str:
   return os.fspath(build(data_cfg).data_dir)
 
 
-def status(data_cfg: ml_collections.ConfigDict) -> datasets.Status:
+def status(data_cfg: ml_collections.ConfigDict) -> builders.Status:
   """Whether the dataset is prepared; if not, whether the archive is in place."""
-  return datasets.archive_status(NAME, _builder(data_cfg), [(CIFAR10, data_cfg.manual_dir)])
+  return builders.archive_status(NAME, _builder(data_cfg), [(CIFAR10, data_cfg.manual_dir)])
 
 
-def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> datasets.PaddedSource:
+def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.PaddedSource:
   """A random-access source for `split`; builds the dataset if needed.
 
   Examples are {"inputs": int32 [1024] (gray level + 1; no padding), "targets": int32}.
   """
-  datasets.check_split(NAME, split)
+  builders.check_split(NAME, split)
   if int(data_cfg.max_length) != LENGTH:
     raise ValueError(f"image: data.max_length is {data_cfg.max_length} but a CIFAR-10 image is "
                      f"{LENGTH} pixels; set data.max_length={LENGTH}.")
   builder = build(data_cfg)
-  return datasets.PaddedSource(builder.as_data_source(split=split), {"inputs": LENGTH},
-                               offset=datasets.BYTE_OFFSET)
+  return builders.PaddedSource(builder.as_data_source(split=split), {"inputs": LENGTH},
+                               offset=builders.BYTE_OFFSET)
+
+
+TASK = ClassificationTask(name=NAME, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+                          get_source=get_source, prepare=prepare, status=status)

@@ -7,10 +7,10 @@ text: one line per image, whitespace-separated, `imgs/<batch> sample_<i>.png <i>
 the image path is fields 0 and 1 joined, the label is field 3. The folder is found (or extracted
 from `manual_dir/lra_release.gz`) by `archives.release_path`.
 
-Settings (`data_config()`): `difficulty` easy (curv_baseline), intermediate
+Settings (`data.*`, see configs/pathfinder.py): `difficulty` easy (curv_baseline), intermediate
 (curv_contour_length_9) or hard (curv_contour_length_14, what LRA used for Pathfinder at 32x32
 and Path-X at 128x128); `resolution`; `generate`: when the release folder is absent, write a
-dataset in the same layout with `lra.tasks.pathfinder_generator.write_dataset` into
+dataset in the same layout with `lra.data.pathfinder_generator.write_dataset` into
 `data_dir/generated/<settings name>/` and build from it exactly as from the release.
 
 Examples: each PNG is decoded to grayscale uint8 [res, res] (another size is an error naming the
@@ -20,13 +20,14 @@ Splits 80/10/10 as LRA's tfds `[:80%]/[80%:90%]/[90%:]`: the metadata rows are o
 (batch number, sample index), permuted with a fixed seed (SPLIT_SEED) and cut; empty images are
 dropped after the cut, as LRA filtered them after slicing. The builder reads every PNG once.
 
-`lra.tasks.pathx` is this task at 128x128; the functions here take the task name for messages
-and data folders.
+Path-X (`PATHX`) is this task at 128x128 (`data.resolution=128`, LRA's choice) with its own data
+folder; the functions here take the task name for messages and data folders.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import sys
@@ -38,12 +39,12 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
-from lra import archives, datasets, png
+from lra.data import archives, builders, png
+from lra.tasks.classification import ClassificationTask
 
 NAME = "pathfinder"
 NUM_CLASSES = 2
-MODEL = "classifier"
-VOCAB_SIZE = datasets.BYTE_VOCAB_SIZE   # padding + 256 gray levels
+VOCAB_SIZE = builders.BYTE_VOCAB_SIZE   # padding + 256 gray levels
 PAD_ID = 0
 
 DIFFICULTIES = {"easy": "curv_baseline", "intermediate": "curv_contour_length_9",
@@ -51,19 +52,6 @@ DIFFICULTIES = {"easy": "curv_baseline", "intermediate": "curv_contour_length_9"
 CONTOUR_LENGTHS = {"easy": 6, "intermediate": 9, "hard": 14}  # paddles per path
 SPLIT_SEED = 0                  # the permutation of the rows before the 80/10/10 cut
 PROGRESS_EVERY = 5000           # images between progress lines while building
-
-
-def data_config(task: str = NAME, resolution: int = 32) -> ml_collections.ConfigDict:
-  """Data settings for Pathfinder (or Path-X with task="pathx", resolution=128)."""
-  c = datasets.data_fields(task)    # data_dir, manual_dir (the LRA release), download
-  c.resolution = resolution
-  res = c.get_ref("resolution")
-  c.max_length = res * res          # follows data.resolution
-  c.difficulty = "hard"             # easy | intermediate | hard (LRA: hard)
-  c.generate = False                # without the release folder: generate the images
-  c.num_generated = 200_000         # images to generate (LRA: 200,000 per difficulty)
-  c.generator_seed = 0
-  return c
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,7 +174,7 @@ class PathfinderConfig(tfds.core.BuilderConfig):
   task: str = NAME
 
 
-class PathfinderBuilder(datasets.Builder, skip_registration=True):
+class PathfinderBuilder(builders.Builder, skip_registration=True):
   """Pathfinder pixels (uint8 [res * res], raw values, row-major) and an int32 label."""
 
   name = "lra_pathfinder"
@@ -197,7 +185,7 @@ class PathfinderBuilder(datasets.Builder, skip_registration=True):
         builder=self,
         description=__doc__,
         features=tfds.features.FeaturesDict({
-            "inputs": datasets.token_feature(),   # gray levels 0..255, row-major
+            "inputs": builders.token_feature(),   # gray levels 0..255, row-major
             "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
         }),
         homepage="https://github.com/google-research/long-range-arena",
@@ -271,10 +259,10 @@ def _builder(data_cfg: ml_collections.ConfigDict, task: str, folder: str = ""
 def generate(data_cfg: ml_collections.ConfigDict, folder: str) -> str:
   """Writes the generated images of data_cfg into `folder` (via a temporary folder)."""
   try:
-    from lra.tasks import pathfinder_generator
+    from lra.data import pathfinder_generator
     write_dataset = pathfinder_generator.write_dataset
   except (ImportError, AttributeError) as e:
-    raise ImportError(f"data.generate=True needs lra.tasks.pathfinder_generator.write_dataset "
+    raise ImportError(f"data.generate=True needs lra.data.pathfinder_generator.write_dataset "
                       f"({e}); put the release folder in place instead.") from None
   os.makedirs(os.path.dirname(folder), exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".generating-", dir=os.path.dirname(folder))
@@ -316,7 +304,7 @@ def build(data_cfg: ml_collections.ConfigDict, task: str = NAME) -> PathfinderBu
       raise archives.DataMissingError(
           f"{task}: the Pathfinder images ({relpath}/imgs and metadata) were not found. {e} Or "
           f"set data.generate=True to generate them.") from None
-  return datasets.prepare(_builder(data_cfg, task, folder), task)
+  return builders.prepare(_builder(data_cfg, task, folder), task)
 
 
 def prepare(data_cfg: ml_collections.ConfigDict, task: str = NAME) -> str:
@@ -324,36 +312,47 @@ def prepare(data_cfg: ml_collections.ConfigDict, task: str = NAME) -> str:
   return os.fspath(build(data_cfg, task).data_dir)
 
 
-def status(data_cfg: ml_collections.ConfigDict, task: str = NAME) -> datasets.Status:
+def status(data_cfg: ml_collections.ConfigDict, task: str = NAME) -> builders.Status:
   """Whether the dataset is prepared; if not, where its images will come from."""
   builder = _builder(data_cfg, task)
   if builder.is_prepared():
-    return datasets.Status(task, True, os.fspath(builder.data_dir))
+    return builders.Status(task, True, os.fspath(builder.data_dir))
   name, folder = _origin(data_cfg)
   later = f"on first use (or by `lra data prepare {task}`)"
   if folder:
-    return datasets.Status(task, False, f"built from the images in {folder} {later}.")
+    return builders.Status(task, False, f"built from the images in {folder} {later}.")
   if data_cfg.generate:
-    return datasets.Status(
+    return builders.Status(
         task, False, f"{int(data_cfg.num_generated)} images generated ({name}) {later}.")
   tarball = os.path.join(os.path.expanduser(data_cfg.manual_dir),
                          archives.LRA_RELEASE.filename)
-  return datasets.archive_status(task, builder, [(archives.LRA_RELEASE, data_cfg.manual_dir)],
+  return builders.archive_status(task, builder, [(archives.LRA_RELEASE, data_cfg.manual_dir)],
                                  present=[os.path.isfile(tarball)])
 
 
 def get_source(data_cfg: ml_collections.ConfigDict, split: str,
-               task: str = NAME) -> datasets.PaddedSource:
+               task: str = NAME) -> builders.PaddedSource:
   """A random-access source for `split`; builds the dataset if needed.
 
   Examples are {"inputs": int32 [res * res] (gray level + 1; no padding), "targets": int32}.
   """
-  datasets.check_split(task, split)
+  builders.check_split(task, split)
   length = int(data_cfg.resolution) ** 2
   if int(data_cfg.max_length) != length:
     raise ValueError(f"{task}: data.max_length is {data_cfg.max_length} but the images have "
                      f"{length} pixels at data.resolution={data_cfg.resolution}; change "
                      f"data.resolution (max_length follows it) or set data.max_length={length}.")
   builder = build(data_cfg, task)
-  return datasets.PaddedSource(builder.as_data_source(split=split), {"inputs": length},
-                               offset=datasets.BYTE_OFFSET)
+  return builders.PaddedSource(builder.as_data_source(split=split), {"inputs": length},
+                               offset=builders.BYTE_OFFSET)
+
+
+def _task(name: str) -> ClassificationTask:
+  return ClassificationTask(
+      name=name, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+      get_source=functools.partial(get_source, task=name),
+      prepare=functools.partial(prepare, task=name), status=functools.partial(status, task=name))
+
+
+TASK = _task(NAME)
+PATHX = _task("pathx")

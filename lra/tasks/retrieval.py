@@ -7,7 +7,7 @@ release). They are looked for in the extracted release under `data.manual_dir`:
 `lra_release/tsv_data/` (the tarball's layout) or `lra_release/aan/` (the LRA README's), also
 doubly nested `lra_release/lra_release/...` or directly `manual_dir/tsv_data/` or `aan/`. When
 only `manual_dir/lra_release.gz` is there, its `tsv_data/` folder (and nothing else) is
-extracted next to it first (`lra.archives.release_path`).
+extracted next to it first (`lra.data.archives.release_path`).
 
 Format: no header, one pair per line, 5 tab-separated columns `label id1 id2 text1 text2`; the
 label is a float string ("0.0"/"1.0", "0"/"1" also accepted): 1 when one paper cites the other.
@@ -15,7 +15,7 @@ There is no quoting (LRA read it with `use_quote_delim=False`): a line is split 
 texts, which contain quotes, are taken byte for byte as they are in the file.
 
 Stored example: the first `data.doc_bytes` (10,000) bytes of each text, as LRA cut them
-(`s.numpy()[:10000]` in `matching/input_pipeline.py`) before its `max_length`; the label as
+(`s.numpy()[:10000]` in `matching/pipeline.py`) before its `max_length`; the label as
 int32. Examples keep the file's order (example i is line i).
 
 Tokenisation (LRA's ByteTextEncoder, `tokenizer="char"`): id = byte + 1, 0 = padding,
@@ -38,27 +38,19 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
-from lra import archives, datasets
+from lra.data import archives, builders
+from lra.tasks.classification import MatchingTask
 
 NAME = "retrieval"
 NUM_CLASSES = 2
-MODEL = "dual_encoder"
 PAD_ID = 0
-VOCAB_SIZE = datasets.BYTE_VOCAB_SIZE   # 256 byte values + padding
+VOCAB_SIZE = builders.BYTE_VOCAB_SIZE   # 256 byte values + padding
 
 TSV_FILES = {"train": "new_aan_pairs.train.tsv", "validation": "new_aan_pairs.eval.tsv",
              "test": "new_aan_pairs.test.tsv"}
 RELEASE_DIRS = ("tsv_data", "aan")      # the tarball's folder, then the README's
 LRA_DOC_BYTES = 10_000                  # LRA cut each text to its first 10,000 bytes
 _LABELS = {b"0": 0, b"1": 1, b"0.0": 0, b"1.0": 1}
-
-
-def data_config() -> ml_collections.ConfigDict:
-  """Data settings with the LRA defaults; configs override fields (lengths, data_dir)."""
-  c = datasets.data_fields(NAME)   # data_dir, manual_dir (the LRA release), download
-  c.max_length = 4000              # bytes per document after truncation (first bytes) / padding
-  c.doc_bytes = LRA_DOC_BYTES      # bytes per document kept in the prepared dataset
-  return c
 
 
 # ----------------------------------------------------------------------------------------------
@@ -144,7 +136,7 @@ class RetrievalConfig(tfds.core.BuilderConfig):
   doc_bytes: int = LRA_DOC_BYTES
 
 
-class RetrievalBuilder(datasets.Builder, skip_registration=True):
+class RetrievalBuilder(builders.Builder, skip_registration=True):
   """AAN pairs as two variable-length uint8 byte arrays and an int32 label; array_record."""
 
   name = "lra_retrieval"
@@ -155,8 +147,8 @@ class RetrievalBuilder(datasets.Builder, skip_registration=True):
         builder=self,
         description=__doc__,
         features=tfds.features.FeaturesDict({
-            "inputs1": datasets.token_feature(),  # raw bytes, no padding
-            "inputs2": datasets.token_feature(),
+            "inputs1": builders.token_feature(),  # raw bytes, no padding
+            "inputs2": builders.token_feature(),
             "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
         }),
         homepage="https://github.com/google-research/long-range-arena",
@@ -190,7 +182,7 @@ def build(data_cfg: ml_collections.ConfigDict) -> RetrievalBuilder:
   if builder.is_prepared():
     return builder
   tsv_dir = locate_tsvs(data_cfg.manual_dir, download=data_cfg.download)
-  return datasets.prepare(_builder(data_cfg, tsv_dir), NAME)
+  return builders.prepare(_builder(data_cfg, tsv_dir), NAME)
 
 
 def prepare(data_cfg: ml_collections.ConfigDict) -> str:
@@ -198,28 +190,32 @@ def prepare(data_cfg: ml_collections.ConfigDict) -> str:
   return os.fspath(build(data_cfg).data_dir)
 
 
-def status(data_cfg: ml_collections.ConfigDict) -> datasets.Status:
+def status(data_cfg: ml_collections.ConfigDict) -> builders.Status:
   """Whether the dataset is prepared; if not, whether the TSVs or the release are in place."""
   manual_dir = os.path.expanduser(data_cfg.manual_dir)
   present = bool(find_tsv_dir(manual_dir)) or os.path.isfile(
       os.path.join(manual_dir, archives.LRA_RELEASE.filename))
-  return datasets.archive_status(NAME, _builder(data_cfg), [(archives.LRA_RELEASE, manual_dir)],
+  return builders.archive_status(NAME, _builder(data_cfg), [(archives.LRA_RELEASE, manual_dir)],
                                  present=[present])
 
 
-def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> datasets.PaddedSource:
+def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.PaddedSource:
   """A random-access source for `split` ("train", "validation" or "test"); builds data if needed.
 
   Examples are {"inputs1", "inputs2": int32 [max_length] (byte + 1; 0 = padding), "targets":
   int32}; each document keeps its first max_length bytes (as LRA does).
   """
-  datasets.check_split(NAME, split)
+  builders.check_split(NAME, split)
   if int(data_cfg.max_length) > int(data_cfg.doc_bytes):
     raise ValueError(f"data.max_length={data_cfg.max_length} is longer than the "
                      f"data.doc_bytes={data_cfg.doc_bytes} bytes stored per document; raise "
                      f"data.doc_bytes (a new dataset is built) or lower data.max_length.")
   builder = build(data_cfg)
   length = int(data_cfg.max_length)
-  return datasets.PaddedSource(builder.as_data_source(split=split),
+  return builders.PaddedSource(builder.as_data_source(split=split),
                                {"inputs1": length, "inputs2": length},
-                               offset=datasets.BYTE_OFFSET)
+                               offset=builders.BYTE_OFFSET)
+
+
+TASK = MatchingTask(name=NAME, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+                    get_source=get_source, prepare=prepare, status=status)

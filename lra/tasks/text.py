@@ -37,13 +37,13 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
-from lra import archives, datasets
+from lra.data import archives, builders
+from lra.tasks.classification import ClassificationTask
 
 NAME = "text"
 NUM_CLASSES = 2
-MODEL = "classifier"
 PAD_ID = 0
-VOCAB_SIZE = datasets.BYTE_VOCAB_SIZE   # 256 byte values + padding
+VOCAB_SIZE = builders.BYTE_VOCAB_SIZE   # 256 byte values + padding
 
 IMDB = archives.Archive(
     "aclImdb_v1.tar.gz", "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
@@ -51,16 +51,6 @@ IMDB = archives.Archive(
 LABELS = {"neg": 0, "pos": 1}
 VALIDATION_CHOICES = ("test", "holdout")
 _MEMBER = re.compile(r"^(?:\./)?aclImdb/(train|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
-
-
-def data_config() -> ml_collections.ConfigDict:
-  """Data settings with the LRA defaults; configs override fields (lengths, validation)."""
-  c = datasets.data_fields(NAME)   # data_dir, manual_dir (aclImdb_v1.tar.gz), download
-  c.max_length = 1000              # bytes per review after truncation (first bytes) / padding
-  c.validation = "test"            # "test" (LRA: validate on test) or "holdout" (from train)
-  c.holdout_fraction = 0.1         # with validation="holdout": share of train held out
-  c.holdout_seed = 0               # with validation="holdout": which reviews are held out
-  return c
 
 
 # ----------------------------------------------------------------------------------------------
@@ -112,7 +102,7 @@ class TextConfig(tfds.core.BuilderConfig):
   archive_path: str = ""
 
 
-class TextBuilder(datasets.Builder, skip_registration=True):
+class TextBuilder(builders.Builder, skip_registration=True):
   """IMDb reviews as variable-length uint8 bytes and an int32 label; prepare as array_record."""
 
   name = "lra_text"
@@ -123,7 +113,7 @@ class TextBuilder(datasets.Builder, skip_registration=True):
         builder=self,
         description=__doc__,
         features=tfds.features.FeaturesDict({
-            "inputs": datasets.token_feature(),  # raw bytes, no padding, no truncation
+            "inputs": builders.token_feature(),  # raw bytes, no padding, no truncation
             "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
         }),
         homepage="https://ai.stanford.edu/~amaas/data/sentiment/",
@@ -151,7 +141,7 @@ def build(data_cfg: ml_collections.ConfigDict) -> TextBuilder:
   if builder.is_prepared():
     return builder
   path = archives.locate(IMDB, data_cfg.manual_dir, download=data_cfg.download)
-  return datasets.prepare(_builder(data_cfg, path), NAME)
+  return builders.prepare(_builder(data_cfg, path), NAME)
 
 
 def prepare(data_cfg: ml_collections.ConfigDict) -> str:
@@ -159,9 +149,9 @@ def prepare(data_cfg: ml_collections.ConfigDict) -> str:
   return os.fspath(build(data_cfg).data_dir)
 
 
-def status(data_cfg: ml_collections.ConfigDict) -> datasets.Status:
+def status(data_cfg: ml_collections.ConfigDict) -> builders.Status:
   """Whether the dataset is prepared; if not, whether the archive is in place."""
-  return datasets.archive_status(NAME, _builder(data_cfg), [(IMDB, data_cfg.manual_dir)])
+  return builders.archive_status(NAME, _builder(data_cfg), [(IMDB, data_cfg.manual_dir)])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,14 +190,14 @@ def holdout_indices(num_train: int, fraction: float, seed: int) -> tuple[np.ndar
   return np.sort(perm[num_held:]), np.sort(perm[:num_held])
 
 
-def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> datasets.PaddedSource:
+def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.PaddedSource:
   """A random-access source for `split` ("train", "validation" or "test"); builds data if needed.
 
   Examples are {"inputs": int32 [max_length] (byte + 1; 0 = padding), "targets": int32}; longer
   reviews keep their first max_length bytes (as LRA does). "validation" is the test split
   (data.validation="test", LRA) or the held-out part of train (data.validation="holdout").
   """
-  datasets.check_split(NAME, split)
+  builders.check_split(NAME, split)
   if data_cfg.validation not in VALIDATION_CHOICES:
     raise ValueError(f"unknown data.validation {data_cfg.validation!r}; valid: "
                      f"{', '.join(VALIDATION_CHOICES)} (LRA validated on test).")
@@ -220,5 +210,9 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> datasets.Padd
       kept, held = holdout_indices(len(source), float(data_cfg.holdout_fraction),
                                    int(data_cfg.holdout_seed))
       source = Subset(source, held if split == "validation" else kept)
-  return datasets.PaddedSource(source, {"inputs": data_cfg.max_length},
-                               offset=datasets.BYTE_OFFSET)
+  return builders.PaddedSource(source, {"inputs": data_cfg.max_length},
+                               offset=builders.BYTE_OFFSET)
+
+
+TASK = ClassificationTask(name=NAME, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+                          get_source=get_source, prepare=prepare, status=status)

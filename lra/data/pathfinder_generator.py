@@ -33,7 +33,7 @@ original did). The pixels then no longer decide the label by a flood fill, so da
 not flood-fill checked; `style="continuous"` (the default) is as described above.
 
 `write_dataset` writes the LRA release layout (`imgs/<batch>/sample_<i>.png`, text
-`metadata/<batch>.npy`); `python -m lra.tasks.pathfinder_generator --output_dir D` runs it.
+`metadata/<batch>.npy`); `python -m lra.data.pathfinder_generator --output_dir D` runs it.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from typing import Iterator
 
 import numpy as np
 
-from lra import png
-from lra.tasks import pathfinder_snakes as snakes
+from lra.data import png
+from lra.data import pathfinder_snakes as snakes
 
 # LRA's settings per resolution (the docstrings of lra_benchmarks/data/pathfinder.py applied to
 # the defaults of snakes2_wrapper.py). num_distractors is divided by the distractor length.
@@ -487,7 +487,7 @@ def write_dataset(output_dir: str, *, resolution: int = 32, num_images: int, see
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(
-      prog="python -m lra.tasks.pathfinder_generator",
+      prog="python -m lra.data.pathfinder_generator",
       description="Writes generated Pathfinder images in the LRA release layout.")
   parser.add_argument("--output_dir", required=True, help="folder to create (absent or empty)")
   parser.add_argument("--resolution", type=int, default=32,

@@ -1,11 +1,13 @@
-"""Tests for lra.input_pipeline: epochs, sharding, exact resumption, weighted eval batches."""
+"""Tests for lra.data.pipeline: epochs, sharding, exact resumption, weighted eval batches."""
 
 import json
 
 import numpy as np
 import pytest
 
-from lra import input_pipeline
+from lra.data import pipeline
+from configs import listops as listops_config
+from lra.data import listops_generator as gen
 from lra.tasks import listops
 
 
@@ -30,7 +32,7 @@ def _take(it, k):
 
 def test_train_batches_cover_each_epoch_once_and_reshuffle():
   n, batch = 24, 6
-  it = input_pipeline.train_iterator(_Source(n), batch_size=batch, seed=3)
+  it = pipeline.train_iterator(_Source(n), batch_size=batch, seed=3)
   batches = _take(it, 3 * n // batch)
   for b in batches:
     assert b["inputs"].shape == (batch, 3) and b["inputs"].dtype == np.int32
@@ -41,15 +43,15 @@ def test_train_batches_cover_each_epoch_once_and_reshuffle():
     assert sorted(e.tolist()) == list(range(n))
   assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
   assert not np.array_equal(epochs[0], np.arange(n))
-  other = input_pipeline.train_iterator(_Source(n), batch_size=batch, seed=4)
+  other = pipeline.train_iterator(_Source(n), batch_size=batch, seed=4)
   assert not np.array_equal(next(other)["targets"], batches[0]["targets"])
 
 
 def test_shards_put_together_are_the_global_batch():
   n, batch = 30, 8  # 30 is not a multiple of 8: batches straddle epochs
-  whole = _take(input_pipeline.train_iterator(_Source(n), batch_size=batch, seed=0), 10)
+  whole = _take(pipeline.train_iterator(_Source(n), batch_size=batch, seed=0), 10)
   for count in (2, 4):
-    shards = [input_pipeline.train_iterator(_Source(n), batch_size=batch, seed=0,
+    shards = [pipeline.train_iterator(_Source(n), batch_size=batch, seed=0,
                                             shard_index=i, shard_count=count)
               for i in range(count)]
     for step in range(10):
@@ -62,14 +64,14 @@ def test_shards_put_together_are_the_global_batch():
 @pytest.mark.parametrize("stop", [1, 4, 7])
 def test_resumed_iterator_continues_exactly(stop):
   n, batch = 20, 6  # an epoch is 3.33 batches: stops before, at and after epoch boundaries
-  reference = _take(input_pipeline.train_iterator(_Source(n), batch_size=batch, seed=7,
+  reference = _take(pipeline.train_iterator(_Source(n), batch_size=batch, seed=7,
                                                   shard_index=1, shard_count=2), 12)
-  it = input_pipeline.train_iterator(_Source(n), batch_size=batch, seed=7, shard_index=1,
+  it = pipeline.train_iterator(_Source(n), batch_size=batch, seed=7, shard_index=1,
                                      shard_count=2)
   _take(it, stop)
   state = json.loads(json.dumps(it.get_state()))  # must survive a JSON round trip
   del it
-  resumed = input_pipeline.train_iterator(_Source(n), batch_size=batch, seed=7, shard_index=1,
+  resumed = pipeline.train_iterator(_Source(n), batch_size=batch, seed=7, shard_index=1,
                                           shard_count=2)
   resumed.set_state(state)
   for want, got in zip(reference[stop:], _take(resumed, 12 - stop)):
@@ -82,7 +84,7 @@ def test_eval_batches_count_every_example_once(n, batch, count):
   seen = []
   num_batches = None
   for shard in range(count):
-    batches = input_pipeline.eval_batches(_Source(n), batch_size=batch, shard_index=shard,
+    batches = pipeline.eval_batches(_Source(n), batch_size=batch, shard_index=shard,
                                           shard_count=count)
     listed = list(batches)
     assert len(listed) == len(batches) == -(-n // batch)
@@ -93,30 +95,30 @@ def test_eval_batches_count_every_example_once(n, batch, count):
       assert set(np.unique(b["weights"]).tolist()) <= {0.0, 1.0}
       seen += b["targets"][b["weights"] == 1].tolist()
   assert sorted(seen) == list(range(n))
-  assert list(input_pipeline.eval_batches(_Source(n), batch_size=batch))[0]["targets"][0] == 0
+  assert list(pipeline.eval_batches(_Source(n), batch_size=batch))[0]["targets"][0] == 0
 
 
 def test_bad_arguments_are_explained():
   with pytest.raises(ValueError, match="multiple of shard_count=3"):
-    input_pipeline.train_iterator(_Source(10), batch_size=8, seed=0, shard_count=3)
+    pipeline.train_iterator(_Source(10), batch_size=8, seed=0, shard_count=3)
   with pytest.raises(ValueError, match="shard_index < shard_count"):
-    input_pipeline.eval_batches(_Source(10), batch_size=8, shard_index=2, shard_count=2)
+    pipeline.eval_batches(_Source(10), batch_size=8, shard_index=2, shard_count=2)
   with pytest.raises(ValueError, match="empty"):
-    input_pipeline.train_iterator(_Source(0), batch_size=8, seed=0)
+    pipeline.train_iterator(_Source(0), batch_size=8, seed=0)
   with pytest.raises(ValueError, match="seed"):
-    input_pipeline.train_iterator(_Source(10), batch_size=8, seed=-1)
+    pipeline.train_iterator(_Source(10), batch_size=8, seed=-1)
 
 
 def test_listops_source_through_the_pipeline(tmp_path):
-  cfg = listops.data_config()
+  cfg = listops_config.data_config()
   cfg.update(dict(data_dir=str(tmp_path), num_train=40, num_val=10, num_test=10,
                   gen_min_length=10, gen_max_length=40, max_length=48))
   train = listops.get_source(cfg, "train")
-  it = input_pipeline.train_iterator(train, batch_size=8, seed=0, shard_index=1, shard_count=2)
+  it = pipeline.train_iterator(train, batch_size=8, seed=0, shard_index=1, shard_count=2)
   batch = next(it)
   assert batch["inputs"].shape == (4, 48) and batch["inputs"].dtype == np.int32
-  assert batch["targets"].dtype == np.int32 and batch["targets"].max() < listops.NUM_CLASSES
+  assert batch["targets"].dtype == np.int32 and batch["targets"].max() < gen.NUM_CLASSES
   for row, label in zip(batch["inputs"], batch["targets"]):
-    assert listops.evaluate(row[row > 0]) == label
-  evals = list(input_pipeline.eval_batches(listops.get_source(cfg, "test"), batch_size=8))
+    assert gen.evaluate(row[row > 0]) == label
+  evals = list(pipeline.eval_batches(listops.get_source(cfg, "test"), batch_size=8))
   assert len(evals) == 2 and evals[1]["weights"].sum() == 2

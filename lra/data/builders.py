@@ -10,7 +10,6 @@
   adds an id offset. Bytes and pixels are stored raw (0..255) and read as ids 1..256
   (`BYTE_OFFSET`), so id 0 is padding in every task and a black pixel or a NUL byte is data.
 - `Status` and `archive_status`: what `lra data status` prints for one task.
-- `data_fields(task)`: the data_config fields every task shares (data_dir, manual_dir, download).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
-from lra import archives
+from lra.data import archives
 
 BYTE_OFFSET = 1          # stored byte/pixel value v is token id v + 1; 0 is padding
 BYTE_VOCAB_SIZE = 257    # padding + 256 byte values
@@ -48,15 +47,6 @@ class _QuietConfigNotes(logging.Filter):
 
 
 logging.getLogger("absl").addFilter(_QuietConfigNotes())
-
-
-def data_fields(task: str) -> ml_collections.ConfigDict:
-  """data_dir (prepared datasets), manual_dir (original archives) and download, for `task`."""
-  c = ml_collections.ConfigDict()
-  c.data_dir = archives.default_data_dir(task)
-  c.manual_dir = archives.default_manual_dir()
-  c.download = True      # fetch missing archives from their public address when online
-  return c
 
 
 def check_split(task: str, split: str) -> None:

@@ -1,6 +1,6 @@
 """Drawing for the Pathfinder generator: stamps, and snakes grown in many images at once.
 
-`lra.tasks.pathfinder_generator` composes these into images (see its docstring for the
+`lra.data.pathfinder_generator` composes these into images (see its docstring for the
 algorithm). This module follows the original generator (drewlinsley/pathfinder, `snakes.py`)
 for the drawing:
 

@@ -31,29 +31,17 @@ import shutil
 import sys
 import tarfile
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import zipfile
 import zlib
 from typing import Iterator
 
-DATA_ROOT_ENV = "LRA_DATA"
+import tqdm
 
-
-def data_root() -> str:
-  """The data root: `$LRA_DATA`, or `~/lra_data`."""
-  return os.path.expanduser(os.environ.get(DATA_ROOT_ENV) or "~/lra_data")
-
-
-def default_data_dir(task: str) -> str:
-  """Where the prepared dataset of `task` lives by default."""
-  return os.path.join(data_root(), task)
-
-
-def default_manual_dir() -> str:
-  """Where the original archives are looked for (and downloaded to) by default."""
-  return os.path.join(data_root(), "manual")
+# The data root and default folders, also used from here by the builders and `lra data`.
+from lra.data.paths import (DATA_ROOT_ENV, data_root, default_data_dir,  # noqa: F401
+                            default_manual_dir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,29 +83,26 @@ def missing_message(archive: Archive, manual_dir: str, *, what: str = "",
 
 
 def fetch(url: str, dest: str, *, timeout: float = 30.0) -> None:
-  """Downloads `url` to `dest` through `dest + ".part"`, printing progress to stderr.
+  """Downloads `url` to `dest` through `dest + ".part"`, with a progress bar on stderr.
 
   Nothing is left at `dest` unless the download completed.
   """
   os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
   part = dest + ".part"
   try:
-    with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as f:
-      total = int(response.headers.get("Content-Length") or 0)
-      done, last = 0, 0.0
+    with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as f, \
+        tqdm.tqdm(total=int(response.headers.get("Content-Length") or 0) or None, unit="B",
+                  unit_scale=True, unit_divisor=1024, mininterval=1.0,
+                  desc=f"downloading {os.path.basename(dest)}") as bar:
+      total, done = bar.total, 0
       while chunk := response.read(1 << 20):
         f.write(chunk)
         done += len(chunk)
-        now = time.monotonic()
-        if now - last > 2.0:
-          pct = f" ({100 * done / total:.0f}%)" if total else ""
-          print(f"\rdownloading {os.path.basename(dest)}: {done / 2**20:.0f} MB{pct}",
-                end="", file=sys.stderr, flush=True)
-          last = now
+        bar.update(len(chunk))
     if total and done != total:
       raise OSError(f"the connection closed after {done} of {total} bytes")
     os.replace(part, dest)
-    print(f"\rdownloaded {dest} ({done / 2**20:.1f} MB)", file=sys.stderr, flush=True)
+    print(f"downloaded {dest} ({done / 2**20:.1f} MB)", file=sys.stderr, flush=True)
   finally:
     if os.path.exists(part):
       os.remove(part)
@@ -217,11 +202,12 @@ def extract_release(tarball: str, manual_dir: str, relpath: str) -> str:
   dest = os.path.join(manual_dir, "lra_release", relpath)
   os.makedirs(os.path.dirname(dest), exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".extracting-", dir=os.path.dirname(dest))
-  count, t0 = 0, time.monotonic()
+  count = 0
   print(f"extracting {relpath} from {tarball} (one pass over the archive)...", file=sys.stderr,
         flush=True)
   try:
-    for name, data in tar_members(tarball, LRA_RELEASE):
+    for name, data in tqdm.tqdm(tar_members(tarball, LRA_RELEASE), mininterval=1.0,
+                                desc=f"reading {os.path.basename(tarball)}", unit=" members"):
       rel = _release_relpath(name)
       if rel != relpath and not rel.startswith(relpath + "/"):
         continue
@@ -231,8 +217,6 @@ def extract_release(tarball: str, manual_dir: str, relpath: str) -> str:
       with open(out, "wb") as f:
         f.write(data)
       count += 1
-      if count % 10000 == 0:
-        print(f"  {count} files ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
     if not count:
       raise CorruptArchiveError(
           f"{tarball} has no member under {relpath}; it is not the LRA release ({LRA_RELEASE.url})"

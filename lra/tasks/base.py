@@ -1,0 +1,96 @@
+"""The Task object: everything that differs between tasks, asked for by the trainer.
+
+A task is its data (a random-access source per split, `prepare` and `status` for `lra data`) plus
+a family: the model it trains, its objective (summed loss and metrics of a batch), the metrics
+derived from those sums, which validation result is better (best-checkpoint selection), the
+fields it adds to `results.json` and the last line a run prints. The trainer never asks what kind
+of task it runs; a new family is a subclass of `Task` in its own file (see `classification.py`
+and `language_model.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx
+
+
+def weighted_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array
+                  ) -> dict[str, jax.Array]:
+  """Cross-entropy and correct predictions summed with `weights` (0 for padding or filler)."""
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # [...]
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return {"loss_sum": jnp.sum(loss * weights), "correct": jnp.sum(correct * weights),
+          "weight": jnp.sum(weights)}
+
+
+def example_weights(batch: Mapping[str, jax.Array]) -> jax.Array:
+  """Per-example weights: the eval batch's `weights` (0 for filler examples), else ones."""
+  if "weights" in batch:
+    return batch["weights"].astype(jnp.float32)
+  return jnp.ones(batch["targets"].shape[:1], jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A task: its name, vocabulary and classes, its data functions and its family's behaviour.
+
+  `get_source(data_cfg, split)` returns a random-access source of examples for "train",
+  "validation" and "test"; `prepare(data_cfg)` builds the dataset if it is missing (raising
+  `lra.data.archives.DataMissingError` naming the file to get) and returns its folder;
+  `status(data_cfg)` says whether it is ready (`lra data status`).
+  """
+
+  name: str
+  vocab_size: int
+  num_classes: int
+  get_source: Callable[[ml_collections.ConfigDict, str], Any]
+  prepare: Callable[[ml_collections.ConfigDict], str]
+  status: Callable[[ml_collections.ConfigDict], Any]
+  pad_id: int = 0
+
+  # ---- the family: subclasses override these.
+
+  def build_model(self, model_cfg: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
+    """The NNX model for `model_cfg` (the `config.model` fields plus vocab, classes, length)."""
+    raise NotImplementedError(f"{type(self).__name__} does not define its model.")
+
+  def check_layers(self, kinds: Sequence[str]) -> None:
+    """Raises ValueError when the task cannot train with these per-layer attention kinds."""
+    del kinds
+
+  def objective(self, model: nnx.Module, batch: Mapping[str, jax.Array], rng
+                ) -> dict[str, jax.Array]:
+    """Sums over a batch: `loss_sum`, `correct`, `weight`; `rng` is None in evaluation."""
+    raise NotImplementedError(f"{type(self).__name__} does not define its objective.")
+
+  def derived_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    """Metrics computed from the summarised loss and accuracy (for example bits per char)."""
+    del metrics
+    return {}
+
+  count_labels: bool = dataclasses.field(default=False, init=False)
+
+  def better(self, metrics: Mapping[str, float], best: Mapping[str, Any]) -> bool:
+    """Whether validation `metrics` beat the best so far (accuracy by default)."""
+    return metrics["accuracy"] > best["accuracy"]
+
+  def result_fields(self, *, test_best: Mapping[str, float], test_final: Mapping[str, float],
+                    final_validation: Mapping[str, float], best: Mapping[str, Any]
+                    ) -> dict[str, Any]:
+    """Fields this family adds to `results.json`."""
+    del test_best, test_final, final_validation, best
+    return {}
+
+  def result_line(self, results: Mapping[str, Any], where: str) -> str:
+    """The last line of a finished run; `where` is the path of its results.json."""
+    line = f"test accuracy {results['test_accuracy']:.4f}"
+    if "majority_class_rate" in results:
+      line += f" (majority class {results['majority_class_rate']:.4f})"
+    return line + (f", best validation accuracy {results['best_validation_accuracy']:.4f} at "
+                   f"step {results['best_validation_step']}; results in {where}")

@@ -1,0 +1,67 @@
+"""The language-model family: a causal decoder scored on next tokens, in bits per character.
+
+Batches are character-LM windows `{"inputs", "targets", "mask"}` (position i of the logits is
+scored against targets[:, i] where the mask is nonzero), or plain `inputs` that predict
+themselves shifted by one (id 0 is padding). The best checkpoint is the one with the lowest
+validation loss; results add bits per character (loss / ln 2) for test and validation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+from flax import nnx
+
+import models
+from attention import kinds as attention_kinds
+from lra.tasks.base import Task, weighted_sums
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageModelTask(Task):
+  """Next-token prediction with the causal `models.LanguageModel`."""
+
+  def build_model(self, model_cfg: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
+    return models.LanguageModel(model_cfg, rngs=rngs)
+
+  def check_layers(self, kinds: Sequence[str]) -> None:
+    for kind in kinds:
+      reason = attention_kinds.get(kind).causal
+      if reason is not True:
+        raise ValueError(f"task {self.name!r} trains a causal language model but attention "
+                         f"{kind!r} cannot be causal: {reason}")
+
+  def objective(self, model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
+    """Next-token sums; `weight` counts the scored tokens (eval `weights` multiply the mask)."""
+    inputs = batch["inputs"]
+    logits = model(inputs, rng=rng)                                        # [B, L, V]
+    if "targets" in batch:
+      targets = batch["targets"]                                           # [B, L]
+      mask = batch["mask"] if "mask" in batch else targets > 0
+    else:
+      logits = logits[:, :-1]                                              # [B, L-1, V]
+      targets = inputs[:, 1:]                                              # [B, L-1]
+      mask = targets > 0
+    weights = mask.astype("float32")
+    if "weights" in batch:
+      weights = weights * batch["weights"].astype("float32")[:, None]
+    return weighted_sums(logits, targets, weights)
+
+  def derived_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    return {"bpc": metrics["loss"] / math.log(2.0)}
+
+  def better(self, metrics: Mapping[str, float], best: Mapping[str, Any]) -> bool:
+    return metrics["loss"] < best.get("loss", float("inf"))
+
+  def result_fields(self, *, test_best, test_final, final_validation, best) -> dict[str, Any]:
+    return {"test_bpc": test_best["bpc"], "final_test_bpc": test_final["bpc"],
+            "final_validation_bpc": final_validation["bpc"],
+            "best_validation_bpc": best.get("loss", float("nan")) / math.log(2.0)}
+
+  def result_line(self, results: Mapping[str, Any], where: str) -> str:
+    return (f"test bits per character {results['test_bpc']:.4f} (uniform over bytes: 8), best "
+            f"validation {results['best_validation_bpc']:.4f} at step "
+            f"{results['best_validation_step']}; results in {where}")
