@@ -174,6 +174,19 @@ def cpu_schedule(c: ml_collections.ConfigDict, *, steps: int, batch: int, eval_b
                log_every=log_every, eval_every=eval_every, checkpoint_every=checkpoint_every)
 
 
+def epoch_schedule(c: ml_collections.ConfigDict, *, train_examples: int, batch: int,
+                   learning_rate: float, epochs: int = 200, checkpoint_epochs: int = 10,
+                   log_every: int = 0, grad_clip: float = 0.0) -> None:
+  """LRA's image-task schedule: `epochs` epochs of cosine decay without weight decay, one epoch
+  of warmup, validation (and by default logging) every epoch, a checkpoint every
+  `checkpoint_epochs` epochs; an epoch is `train_examples // batch` steps."""
+  epoch = train_examples // batch
+  set_schedule(c, steps=epochs * epoch, batch=batch, eval_batch=batch,
+               learning_rate=learning_rate, schedule="cosine", warmup=epoch, weight_decay=0.0,
+               grad_clip=grad_clip, log_every=log_every or epoch, eval_every=epoch,
+               checkpoint_every=checkpoint_epochs * epoch)
+
+
 def attention_defaults(kind: str, *, window: int, max_length: int) -> dict[str, Any]:
   """Default arguments for attention `kind` in a model over `max_length` tokens (its record's
   `defaults` in `attention.kinds`; `window` sizes the local kinds)."""

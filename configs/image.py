@@ -41,10 +41,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # models here have no dropout on attention weights.
     common.set_model(c.model, layers=1, width=128, heads=8, qkv=64, mlp=128, classifier=128,
                      dropout=0.3, pos_emb="learned", pool="cls")
-    # 200 epochs of 45,000 / 256, warmup and evaluation every epoch as LRA
-    common.set_schedule(c, steps=35_000, batch=256, eval_batch=256, learning_rate=5e-4,
-                        schedule="cosine", warmup=175, weight_decay=0.0, log_every=175,
-                        eval_every=175, checkpoint_every=1750)
+    common.epoch_schedule(c, train_examples=45_000, batch=256, learning_rate=5e-4)
     window = a.window or 128
   else:
     common.set_model(c.model, layers=1, width=32, heads=2, mlp=64, classifier=64, dropout=0.0,

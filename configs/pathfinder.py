@@ -59,10 +59,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # attention dropout 0.1 is left out: the models here have none on attention weights.
     common.set_model(c.model, layers=4, width=32, heads=4, qkv=16, mlp=32, classifier=32,
                      dropout=0.2, pos_emb="sinusoidal", pool="mean")
-    # 200 epochs of 160,000 / 512, warmup and evaluation every epoch as LRA
-    common.set_schedule(c, steps=62_400, batch=512, eval_batch=512, learning_rate=1e-3,
-                        schedule="cosine", warmup=312, weight_decay=0.0, log_every=312,
-                        eval_every=312, checkpoint_every=3120)
+    common.epoch_schedule(c, train_examples=160_000, batch=512, learning_rate=1e-3)
     window = a.window or 128
   else:
     small(c, images=SMALL_IMAGES, layers=2)

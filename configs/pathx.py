@@ -38,10 +38,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # LRA's attention dropout 0.1 is left out.
     common.set_model(c.model, layers=1, width=32, heads=2, qkv=16, mlp=32, classifier=32,
                      dropout=0.1, pos_emb="learned", pool="mean")
-    # 200 epochs of 160,000 / 64, warmup and evaluation every epoch as LRA
-    common.set_schedule(c, steps=500_000, batch=64, eval_batch=64, learning_rate=1e-3,
-                        schedule="cosine", warmup=2500, weight_decay=0.0, grad_clip=1.0,
-                        log_every=500, eval_every=2500, checkpoint_every=2500)
+    common.epoch_schedule(c, train_examples=160_000, batch=64, learning_rate=1e-3,
+                          checkpoint_epochs=1, log_every=500, grad_clip=1.0)
     window = a.window or 128
   else:
     pathfinder.small(c, images=SMALL_IMAGES, layers=1)
