@@ -1,40 +1,23 @@
-"""text8 character language model (Longformer, staged training), for every attention kind.
+"""text8 character language model: the enwik8 setup (configs/charlm.py) on a-z and space.
 
-`arg` keys: `attention` (default `band`; kinds that cannot be causal are refused), `size`
-(`base` = Longformer-small, `large` = Longformer-large, `small` = a CPU demo), `window` (the
-top layer's one-sided window in phase 1). The settings, their sources in the Longformer paper and
-where they differ from it are in docs/character_lm.md.
-
-Main command (a CPU demo: 4 layers of width 128, two phases of 250 steps at length 128 and
-125 steps at length 256). It uses text8.zip when it is in ~/lra_data/manual; otherwise it
-prints a note and uses the fallback corpus, the prose of Python's reference-manual topics
-(pydoc_data.topics) reduced to a-z and space (375,756 characters on Python 3.11.7):
+Every size, attention kind and phase is as in configs/enwik8.py (Longformer's staged schedule;
+docs/character_lm.md). Without text8.zip (http://mattmahoney.net/dc/text8.zip) in
+~/lra_data/manual, the CPU demo reduces the fallback corpus to text8's alphabet (375,756
+characters). Main command (4 min 55 s on 2 shared cores):
 
   .venv/bin/lra run text8 --size small
 
-Expected: the last line `test bits per character` about 2.51 (uniform over bytes: 8), in
-`workdirs/text8-band-small/phase2/results.json`. Measured on the fallback corpus, seed 0, on the
-shared 2-core machine under load: 2.513 (phase 1: 2.691), 4 min 55 s wall (3 min 46 s user CPU).
-
-Longformer: `lra run text8 --size base --workdir DIR` (Longformer-small: 12 layers, 5 phases from
-length 2,048 to 23,040, evaluation windows of 32,256 with stride 512) or `--size large` (30
-layers). These need text8.zip (http://mattmahoney.net/dc/text8.zip, downloaded into
-~/lra_data/manual when online) and weeks of GPU time; they were not run here (no archive, no
-internet). The paper reports test BPC 1.10 (small).
+Expected: `test bits per character` about 2.51 (measured on the fallback corpus, seed 0: 2.513),
+in `workdirs/text8-band-small/phase2/results.json`. Longformer reports 1.10 for `--size base`.
 """
 
 from __future__ import annotations
 
-import ml_collections
+import functools
 
 from configs import charlm
 
-
-def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  """The text8 config for `arg` = "attention=NAME,size=base|large|small,window=W"."""
-  return charlm.get_config("text8", arg)
-
-
-def sweep(add) -> None:
-  """Longformer-small (`base`), three seeds."""
-  charlm.sweep(add)
+# get_config(arg) with `arg` = "attention=NAME,size=base|large|small,window=W"; sweep(add): the
+# Longformer-small (`base`) run, three seeds.
+get_config = functools.partial(charlm.get_config, "text8")
+sweep = charlm.sweep
