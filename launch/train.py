@@ -66,21 +66,17 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   workdir = args.workdir or default_workdir(args.task, config)
-  from lra import phases  # heavy imports only once the arguments are valid
+  from lra import phases, train  # heavy imports only once the arguments are valid
   from lra.data import archives
   task = tasks_lib.get_task(config.task)
-  try:  # the data first: a missing or corrupt file is reported before anything is compiled
+  try:  # names, combinations and phases first, then the data: all before anything compiles
+    train.validate_config(phases.phase_config(config, 0) if config.get("phases") else config,
+                          task)
     task.prepare(config.data)
-  except (archives.DataMissingError, archives.CorruptArchiveError) as e:
+  except (ValueError, archives.DataMissingError, archives.CorruptArchiveError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(f"Training {args.task} ({config.config_arg}) in {workdir}", flush=True)
-  if config.get("phases"):
-    try:
-      phases.phase_config(config, 0)  # checks the phase fields before anything is built
-    except ValueError as e:
-      print(f"error: {e}", file=sys.stderr)
-      return 2
   results = phases.run(config, workdir)
   if results["interrupted"]:
     return 130
