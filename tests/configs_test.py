@@ -51,8 +51,30 @@ def test_bad_arguments_list_the_valid_ones():
 def test_parse_arg_types():
   a = common.parse_arg("n=3,x=0.5,flag=false,name=abc", n=1, x=1.0, flag=True, name="")
   assert (a.n, a.x, a.flag, a.name) == (3, 0.5, False, "abc")
-  with pytest.raises(ValueError):
+  with pytest.raises(ValueError, match="n=three: expected an integer"):
     common.parse_arg("n=three", n=1)
+
+
+@pytest.mark.parametrize("text, current, expected", [
+    ("true", False, True), ("No", True, False), ("1", False, True),
+    ("7", 3, 7), ("-2", 3, -2), ("2.5", 1.0, 2.5), ("3", 1.0, 3.0),
+    ("abc", "", "abc"), ("12", "", "12"), ("(1, 2)", (), (1, 2)), ("[3]", (4,), (3,)),
+    ("8", None, 8), ("fixed", None, "fixed"), ("{'a': 1}", None, {"a": 1}),
+])
+def test_one_converter_for_args_and_overrides(text, current, expected):
+  got = common.convert(text, current)
+  assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize("text, current, message", [
+    ("maybe", True, "true or false"), ("2.5", 3, "an integer"), ("True", 3, "an integer"),
+    ("x", 1.0, "a number"), ("5", (1,), "a tuple"),
+])
+def test_converter_refuses_values_of_another_type(text, current, message):
+  with pytest.raises(ValueError, match=message):
+    common.convert(text, current)
+  with pytest.raises(ValueError, match=message):  # the same rule for `arg` strings
+    common.parse_arg(f"k={text}", k=current)
 
 
 def test_sweep_adds_every_kind():
