@@ -1,14 +1,14 @@
 """Tests for lra.data.pathfinder_generator: images, labels against a flood fill, the release
-layout it writes, determinism, settings errors, and the PIL-equivalent drawing."""
+layout it writes, determinism, settings errors, and the drawing with Pillow."""
 
 import os
 
 import numpy as np
 import pytest
 
-from lra.data import png
+from lra.data import pathfinder_draw as draw
 from lra.data import pathfinder_generator as gen
-from lra.data import pathfinder_snakes as snakes
+from lra.data import png
 
 
 def _reaches(image: np.ndarray, a, b, threshold: int) -> bool:
@@ -185,25 +185,32 @@ def test_command_line_writes_the_layout(tmp_path):
   assert sorted(int(f[3]) for f in lines) == [0, 0, 1, 1] and lines[0][5] == "6"
 
 
-def test_drawing_matches_pil():
-  """Lines are PIL's ImageDraw lines and shrinking is PIL's Lanczos resize, pixel for pixel
-  (the original drew with PIL; the library itself does not import it)."""
-  pil = pytest.importorskip("PIL.Image")
-  draw = pytest.importorskip("PIL.ImageDraw")
+def test_drawing_is_pils_in_row_col_order():
+  """Stamps are drawn with Pillow, (x, y) from (row, col) pixels: lines reach both ends and
+  light only pixels near the segment; shrinking keeps flat areas and gives 8-bit levels."""
   rng = np.random.default_rng(0)
   for width in (1, 2, 3, 4):
     for dy, dx in rng.integers(-12, 13, size=(40, 2)):
       if dy == 0 and dx == 0:
         continue
-      ours = snakes._raster_line(41, 20, (20 + dy, 20 + dx), width)
-      image = pil.new("F", (41, 41), "black")
-      draw.Draw(image).line([(20, 20), (20 + dx, 20 + dy)], fill="white", width=width)
-      np.testing.assert_array_equal(ours, np.asarray(image), err_msg=f"{width} {dy} {dx}")
+      line = draw.raster_line(41, (20, 20), (20 + dy, 20 + dx), width)
+      assert set(np.unique(line)) == {0.0, 255.0}
+      near = 0 if width == 1 else 1        # wide lines are polygons, their corners rounded
+      for y, x in ((20, 20), (20 + dy, 20 + dx)):
+        assert line[y - near:y + near + 1, x - near:x + near + 1].any(), (width, dy, dx)
+      rows, cols = np.nonzero(line)
+      t = np.clip(((rows - 20) * dy + (cols - 20) * dx) / (dy * dy + dx * dx), 0, 1)
+      dist = np.hypot(rows - 20 - t * dy, cols - 20 - t * dx)
+      assert dist.max() <= width / 2 + 1, (width, dy, dx)
+      if width == 1:
+        assert len(rows) == max(abs(dy), abs(dx)) + 1
   for size_in, size_out in ((17, 9), (37, 19), (73, 37), (30, 15)):
     blown = (rng.random((size_in, size_in)) > 0.7) * 255.0
-    ours = snakes.shrink(blown, size_out) * 255
-    theirs = pil.fromarray(blown.astype(np.uint8)).resize((size_out, size_out), pil.LANCZOS)
-    np.testing.assert_array_equal(np.round(ours), np.asarray(theirs))
+    small = draw.shrink(blown, size_out) * 255
+    assert small.shape == (size_out, size_out)
+    np.testing.assert_array_equal(small, np.round(small))
+    assert abs(small.mean() - blown.mean()) < 12
+    np.testing.assert_array_equal(draw.shrink(np.full((size_in, size_in), 255.0), size_out), 1.0)
 
 
 def test_lra_parameters():

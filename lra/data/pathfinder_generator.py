@@ -41,15 +41,15 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
-import time
 from typing import Iterator
 
 import numpy as np
+import tqdm
 
-from lra.data import png
+from lra.data import pathfinder_draw as draw
 from lra.data import pathfinder_snakes as snakes
+from lra.data import png
 
 # LRA's settings per resolution (the docstrings of lra_benchmarks/data/pathfinder.py applied to
 # the defaults of snakes2_wrapper.py). num_distractors is divided by the distractor length.
@@ -78,7 +78,7 @@ FLOOD_FILL_RANGE: dict[int, tuple[int, int]] = {32: (64, 100), 64: (40, 56), 128
                                                 256: (64, 100)}
 STYLES = ("continuous", "dashed")  # pivot-to-pivot lines (the default); the original's paddles
 IMAGES_PER_BATCH = 1000         # images per imgs/<batch> folder
-PROGRESS_CHUNK = 256            # images generated between progress lines
+PROGRESS_CHUNK = 256            # images generated between progress bar updates
 ATTEMPTS_PER_BATCH = 1024        # attempts drawn together at 32x32 (fewer for larger images)
 
 
@@ -109,7 +109,7 @@ def _contrasts(p: dict) -> tuple[tuple[float, ...], np.ndarray]:
 def _lit_level(p: dict, low: int) -> float:
   """The drawn intensity from which a pixel can reach `low` in the saved image: images are
   scaled by their maximum, which is at least the marker's peak."""
-  peak = float(snakes.marker_stamp(p["marker_radius"], p["antialias_scale"]).max())
+  peak = float(draw.marker_stamp(p["marker_radius"], p["antialias_scale"]).max())
   return (low - 1) / 255.0 * peak   # rounding up to `low` needs low - 0.5
 
 
@@ -125,18 +125,18 @@ class _Recipe:
     self.values, self.target_c = _contrasts(p)
     self.paddle_c = np.arange(len(p["paddle_contrasts"]))
     self.distractor_c = np.array([self.values.index(c) for c in p["snake_contrasts"]])
-    shape = self.shape = snakes.Shape(p["paddle_length"], p["paddle_thickness"], margin,
-                                      p["antialias_scale"], self.dashed)
+    shape = self.shape = draw.Shape(p["paddle_length"], p["paddle_thickness"], margin,
+                                    p["antialias_scale"], self.dashed)
     self.low, self.high = FLOOD_FILL_RANGE[resolution]
     self.lit = _lit_level(p, self.low)
     self.tables = snakes.tables(shape, self.values, self.lit)
-    marker = snakes.marker_stamp(p["marker_radius"], p["antialias_scale"])
+    marker = draw.marker_stamp(p["marker_radius"], p["antialias_scale"])
     if marker.shape[0] > 2 * shape.half + 1:
       raise ValueError("marker_radius is too large for the paddle stamps.")
     grow = (2 * shape.half + 1 - marker.shape[0]) // 2
     marker = np.pad(marker, grow).astype(np.float32)
     foot = marker >= self.lit
-    halo = snakes.grow8(foot)
+    halo = draw.grow8(foot)
     self.marker = marker
     self.marker_stamps = (snakes.sparse(marker, marker > 0), snakes.sparse(foot, foot),
                           snakes.sparse(halo, halo))
@@ -239,9 +239,9 @@ class _Recipe:
     rows = np.arange(n)
     a, b = pivots[rows, first, 0], pivots[rows, second, -1]
     if self.dashed:
-      a = a + snakes.paddle_ends(self.shape, pivots[rows, first, 1] - a)[0]
+      a = a + draw.paddle_ends(self.shape, pivots[rows, first, 1] - a)[0]
       before = pivots[rows, second, -2]
-      b = before + snakes.paddle_ends(self.shape, b - before)[1]
+      b = before + draw.paddle_ends(self.shape, b - before)[1]
     idx = np.flatnonzero(ok & batch.inside_image(a) & batch.inside_image(b))
     if not self.dashed:
       idx = idx[batch.place(idx, a[idx], self.marker_stamps, first[idx] + 1)]
@@ -263,7 +263,7 @@ class _Recipe:
       for y, x in (a[k], b[k]):
         win = drawn[y:y + 2 * half + 1, x:x + 2 * half + 1]
         np.maximum(win, self.marker, out=win)
-      image = byte_scale(drawn[half:-half, half:-half])
+      image = draw.byte_scale(drawn[half:-half, half:-half])
       ma, mb = tuple(int(v) for v in a[k]), tuple(int(v) for v in b[k])
       if self.dashed:
         good = True
@@ -276,13 +276,6 @@ class _Recipe:
         out.append((image, dict(label=int(labels[k]), markers=(ma, mb), margin=self.margin,
                                 distractors=int(placed[k]), paths=path)))
     return out
-
-
-def byte_scale(image: np.ndarray) -> np.ndarray:
-  """uint8 image spanning 0..255 from min to max, rounded as `scipy.misc.bytescale`."""
-  lo, hi = float(image.min()), float(image.max())
-  scale = 255.0 / (hi - lo) if hi > lo else 1.0
-  return np.floor(np.clip((image - lo) * scale, 0, 255) + 0.5).astype(np.uint8)
 
 
 def connected(image: np.ndarray, a: tuple[int, int], b: tuple[int, int],
@@ -396,17 +389,6 @@ def generate_image(rng: np.random.Generator, *, resolution: int = 32, label: int
 # The release layout.
 
 
-def _progress(done: int, total: int, start: float, final: bool = False) -> None:
-  elapsed = time.perf_counter() - start
-  rate = done / max(elapsed, 1e-9)
-  eta = (total - done) / rate if rate > 0 else 0.0
-  end = "\n" if final else ""
-  sys.stderr.write(f"\rpathfinder generator: {done}/{total} images, {rate:.1f} images/s, "
-                   f"{'took' if final else 'ETA'} {int(elapsed if final else eta) // 60}:"
-                   f"{int(elapsed if final else eta) % 60:02d}   {end}")
-  sys.stderr.flush()
-
-
 def metadata_line(batch: int, index: int, label: int, resolution: int, contour_length: int,
                   margin: int) -> str:
   """A metadata row as the original wrapper wrote it: image folder, file name, index, label,
@@ -457,7 +439,9 @@ def write_dataset(output_dir: str, *, resolution: int = 32, num_images: int, see
   parent = os.path.dirname(output_dir)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".pathfinder-generating-", dir=parent)
-  start, done = time.perf_counter(), 0
+  bar = tqdm.tqdm(total=num_images, desc="pathfinder generator", unit=" images",
+                  bar_format="{desc}: {n_fmt}/{total_fmt} images |{bar}| {rate_fmt} "
+                             "ETA {remaining}", mininterval=1.0)
   try:
     os.makedirs(os.path.join(tmp, "metadata"))
     for batch in range(-(-num_images // images_per_batch)):
@@ -472,15 +456,14 @@ def write_dataset(output_dir: str, *, resolution: int = 32, num_images: int, see
           lines.append(metadata_line(batch, i, info["label"], resolution, contour_length,
                                      info["margin"]))
           i += 1
-        done += len(chunk)
-        _progress(done, num_images, start)
+        bar.update(len(chunk))
       with open(os.path.join(tmp, "metadata", f"{batch}.npy"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    _progress(done, num_images, start, final=True)
     if os.path.isdir(output_dir):
       os.rmdir(output_dir)  # empty (checked above)
     os.replace(tmp, output_dir)
   finally:
+    bar.close()
     if os.path.exists(tmp):
       shutil.rmtree(tmp, ignore_errors=True)
 

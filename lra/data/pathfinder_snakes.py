@@ -1,15 +1,10 @@
-"""Drawing for the Pathfinder generator: stamps, and snakes grown in many images at once.
+"""Snakes grown in many Pathfinder images at once, from stamps.
 
 `lra.data.pathfinder_generator` composes these into images (see its docstring for the
-algorithm). This module follows the original generator (drewlinsley/pathfinder, `snakes.py`)
-for the drawing:
+algorithm); `lra.data.pathfinder_draw` draws the stamps. This module follows the original
+generator (drewlinsley/pathfinder, `snakes.py`) for the steps of a snake:
 
-- rendering: a segment is a line drawn as PIL draws it at `aa` times the resolution, then shrunk
-  with PIL's Lanczos filter (`shrink` gives the same 8-bit values as `Image.resize`); its
-  occupancy mask is the same line dilated by a disk of radius `margin * aa` before shrinking.
-  The line runs from pivot to pivot (continuous style) or, as in the original, covers only the
-  middle `length` pixels of the segment (dashed style, `Shape.dashed`, `paddle_ends`).
-  Segments start on whole pixels, so one stamp per displacement serves every image (`Tables`).
+- segments start on whole pixels, so one stamp per displacement serves every image (`Tables`);
 - `Batch`: the canvases of n images and the snake steps (seed, extend), each applied to a
   subset of the images at once with gathers and scatters of sparse stamps.
 
@@ -20,207 +15,14 @@ Shapes: stamps are [S, S], S = 2 half + 1, centred on the segment's first pixel;
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import numpy as np
 
-LANCZOS_SUPPORT = 3.0
+from lra.data.pathfinder_draw import (Shape, circle, disk, grow8, paddle_ends, segment,
+                                      translate)
+
 TARGETS = 2      # object ids 1 and 2 are the target snakes (with their markers)
-
-
-# ----------------------------------------------------------------------------------------------
-# Rendering.
-
-
-def _lanczos(x: np.ndarray) -> np.ndarray:
-  return np.where(np.abs(x) < LANCZOS_SUPPORT, np.sinc(x) * np.sinc(x / LANCZOS_SUPPORT), 0.0)
-
-
-@functools.lru_cache(maxsize=64)
-def _resample_matrix(in_size: int, out_size: int) -> np.ndarray:
-  """[out, in] weights of PIL's Lanczos resize along one axis (support grows when shrinking)."""
-  scale = in_size / out_size
-  support = LANCZOS_SUPPORT * max(scale, 1.0)
-  inv = 1.0 / max(scale, 1.0)
-  weights = np.zeros((out_size, in_size))
-  for i in range(out_size):
-    centre = (i + 0.5) * scale
-    lo = max(int(centre - support + 0.5), 0)
-    hi = min(int(centre + support + 0.5), in_size)
-    w = _lanczos((np.arange(lo, hi) - centre + 0.5) * inv)
-    weights[i, lo:hi] = w / w.sum()
-  return weights
-
-
-def _round8(x: np.ndarray) -> np.ndarray:
-  return np.clip(np.floor(x + 0.5), 0, 255)
-
-
-def shrink(blown: np.ndarray, out_size: int) -> np.ndarray:
-  """A square 0..255 image resized to [out_size, out_size] as PIL does for 8-bit images
-  (horizontal pass, rounding, vertical pass, rounding); returns values in [0, 1]."""
-  m = _resample_matrix(blown.shape[0], out_size)
-  horizontal = _round8(blown @ m.T)    # [in, out]
-  return _round8(m @ horizontal) / 255.0
-
-
-def disk(radius: float) -> np.ndarray:
-  """bool [2r+1, 2r+1] disk, r = floor(radius): the dilation element of the original."""
-  r = int(radius)
-  y, x = np.ogrid[-r:r + 1, -r:r + 1]
-  return x * x + y * y <= radius * radius
-
-
-def dilate(image: np.ndarray, element: np.ndarray) -> np.ndarray:
-  """Grey dilation (max filter) of a non-negative image by a centred boolean element."""
-  ry, rx = element.shape[0] // 2, element.shape[1] // 2
-  h, w = image.shape
-  padded = np.pad(image, ((ry, ry), (rx, rx)))
-  out = np.zeros_like(image)
-  for dy, dx in zip(*np.nonzero(element)):
-    np.maximum(out, padded[dy:dy + h, dx:dx + w], out=out)
-  return out
-
-
-def translate(coord: tuple[int, int], angle: float, dist: float) -> tuple[int, int]:
-  """(row, col) moved by `dist` along `angle` (radians, row = sin), rounded up as the original."""
-  return (int(math.ceil(coord[0] + dist * math.sin(angle))),
-          int(math.ceil(coord[1] + dist * math.cos(angle))))
-
-
-def _pil_round(f: float, up: bool) -> int:
-  """PIL's ROUND_UP / ROUND_DOWN: halves away from / towards zero."""
-  a = math.floor(abs(f) + 0.5) if up else math.ceil(abs(f) - 0.5)
-  return int(a) if f >= 0 else -int(a)
-
-
-def _raster_line(size: int, centre: int | tuple[int, int], head: tuple[int, int],
-                 width: int) -> np.ndarray:
-  """0/255 float [size, size]: PIL's `ImageDraw.line` of `width` from (centre, centre) (or the
-  pixel `centre` = (row, col)) to `head` (row, col): a Bresenham line with both ends for width 1;
-  for wider lines PIL's four corners of the line polygon, filled row by row (the same pixels as
-  Pillow 13)."""
-  out = np.zeros((size, size))
-  y, x = (centre, centre) if np.ndim(centre) == 0 else (int(centre[0]), int(centre[1]))
-  dy, dx = head[0] - y, head[1] - x
-  if width <= 1:
-    sy, sx, dy, dx = (1 if dy >= 0 else -1), (1 if dx >= 0 else -1), abs(dy), abs(dx)
-    major, minor = max(dx, dy), min(dx, dy)
-    err = 2 * minor - major
-    for _ in range(major + 1):
-      out[y, x] = 255.0
-      if err >= 0:
-        y, x, err = (y + sy, x, err - 2 * major) if dx > dy else (y, x + sx, err - 2 * major)
-      err += 2 * minor
-      y, x = (y, x + sx) if dx > dy else (y + sy, x)
-    return out
-  length, half = math.hypot(dx, dy), (width - 1) / 2.0
-  big, small = _pil_round(half, True) / length, _pil_round(half, False) / length
-  dx_small, dx_big = _pil_round(small * dy, False), _pil_round(big * dy, False)
-  dy_small, dy_big = _pil_round(small * dx, False), _pil_round(big * dx, False)
-  corners = [(y + dy_big, x - dx_small), (head[0] + dy_big, head[1] - dx_small),
-             (head[0] - dy_small, head[1] + dx_big), (y - dy_small, x + dx_big)]
-  rows = [c[0] for c in corners]
-  for r in range(max(min(rows), 0), min(max(rows), size - 1) + 1):
-    xs = []
-    for (ay, ax), (by, bx) in zip(corners, corners[1:] + corners[:1]):
-      if ay == by:
-        xs += [ax, bx] if ay == r else []
-      elif min(ay, by) <= r <= max(ay, by):
-        xs.append(ax + (r - ay) * (bx - ax) / (by - ay))
-    if xs:
-      lo, hi = _pil_round(min(xs), True), _pil_round(max(xs), False)
-      out[r, max(lo, 0):min(hi, size - 1) + 1] = 255.0
-  return out
-
-
-@functools.lru_cache(maxsize=64)
-def marker_stamp(radius: float, aa: int) -> np.ndarray:
-  """float [S, S] in [0, 1]: a marker disk centred on the middle pixel, drawn at `aa` times the
-  resolution (centred on the blown-up grid point of that pixel, as the original) and shrunk."""
-  half = int(math.ceil(radius)) + 4
-  n = (2 * half + 1) * aa
-  y, x = np.ogrid[0:n, 0:n]
-  blown = ((y - half * aa) ** 2 + (x - half * aa) ** 2 <= (radius * aa) ** 2) * 255.0
-  return shrink(blown, 2 * half + 1)
-
-
-class Shape(NamedTuple):
-  """Paddle geometry of one image (the margin is drawn per image from the margin list)."""
-  length: int        # paddle_length: the drawn part of a segment in the original
-  thickness: float   # line width in pixels (drawn as round(thickness * aa) at aa x)
-  margin: int        # clearance radius of the occupancy mask
-  aa: int            # antialias scale
-  dashed: bool = False   # draw only the middle `length` pixels of a segment (the original)
-
-  @property
-  def step(self) -> int:
-    """Pivot-to-pivot distance, length + 2 margin (the original's paddle period)."""
-    return self.length + 2 * self.margin
-
-  @property
-  def half(self) -> int:
-    """Stamp half size: a segment (up to step + 1 long), its mask margin and the line width."""
-    return self.step + 1 + self.margin + int(math.ceil(self.thickness)) + 1
-
-
-def _ceil(x: np.ndarray) -> np.ndarray:
-  """Rounding up as the original's translate_coord, ignoring float noise (sin(pi) ~ 1e-16)."""
-  return np.ceil(np.asarray(x) - 1e-9).astype(np.int64)
-
-
-def paddle_ends(shape: Shape, disp: np.ndarray, scale: int = 1) -> tuple[np.ndarray, np.ndarray]:
-  """The dashed paddle of segments with displacements disp [..., 2] (pivot to next pivot), as
-  the original drew it: its head is the point `length + margin` from the pivot towards the next
-  one, and the line goes back `length` from there, ending about `margin` from the pivot.
-  Returns (tail, head) [..., 2] offsets from the pivot in pixels of 1/scale (rounded up)."""
-  disp = np.asarray(disp, np.float64)
-  angle = np.arctan2(disp[..., 0], disp[..., 1])
-  unit = np.stack([np.sin(angle), np.cos(angle)], axis=-1)
-  head = _ceil((shape.length + shape.margin) * unit) * scale
-  return head + _ceil(-shape.length * scale * unit), head
-
-
-def segment(shape: Shape, dy: int, dx: int) -> tuple[np.ndarray, np.ndarray]:
-  """(line, mask) float [S, S] in [0, 1]: the segment from the centre pixel to the pixel
-  (dy, dx) away (dashed: its paddle, `paddle_ends`), and the same line dilated by a disk of
-  radius `margin` (its occupancy)."""
-  width = int(round(shape.thickness * shape.aa))
-  if width != shape.thickness * shape.aa:
-    raise ValueError(f"paddle thickness {shape.thickness} times antialias scale {shape.aa} "
-                     "must be a whole number of pixels.")
-  half, aa = shape.half, shape.aa
-  centre = half * aa
-  if shape.dashed:  # drawn from the head as the original: head on the pixel grid, tail at aa x
-    tail, head = paddle_ends(shape, (dy, dx), scale=aa)
-    line = _raster_line(2 * half * aa + 1, tuple(centre + head), tuple(centre + tail), width)
-  else:
-    line = _raster_line(2 * half * aa + 1, centre, (centre + aa * dy, centre + aa * dx), width)
-  mask = dilate(line, disk(shape.margin * aa))
-  return shrink(line, 2 * half + 1), shrink(mask, 2 * half + 1)
-
-
-@functools.lru_cache(maxsize=64)
-def circle(radius: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Candidate displacements (dy [K], dx [K], angle [K]) around a pivot, as the original
-  `get_coords_cmf` finds them: one sample per pixel of arc, truncated to integers, unique, in
-  (row, col) order."""
-  angles = np.deg2rad(np.arange(0.0, 360.0, 360.0 / (2 * radius * np.pi)))
-  d = np.stack([np.floor(radius * np.sin(angles)), np.floor(radius * np.cos(angles))], 1)
-  d = np.unique(d.astype(np.int64), axis=0)
-  return d[:, 0], d[:, 1], np.arctan2(d[:, 0], d[:, 1])
-
-
-def grow8(masks: np.ndarray) -> np.ndarray:
-  """bool [..., S, S] grown by one pixel in the 8 directions (within the window)."""
-  out = masks.copy()
-  padded = np.pad(masks, [(0, 0)] * (masks.ndim - 2) + [(1, 1), (1, 1)])
-  s0, s1 = masks.shape[-2:]
-  for dy in (0, 1, 2):
-    for dx in (0, 1, 2):
-      out |= padded[..., dy:dy + s0, dx:dx + s1]
-  return out
 
 
 class Sparse(NamedTuple):
