@@ -2,23 +2,104 @@
 
 A step directory holds two items: `state` (the pytree `{"params", "opt", "step"}`, restored
 directly into its shardings) and `data` (the input iterator's JSON state, so a resumed run sees
-exactly the batches an uninterrupted run would). Resuming picks the latest step that restores;
-a step that fails to restore (corrupt or partial files) is reported loudly and the previous one
-is tried; when the workdir has checkpoints and none restores, `CheckpointError` is raised rather
-than silently starting from scratch. Orbax writes each step to a temporary directory and renames
-it when complete, so an interrupted save never looks like a finished step.
+exactly the batches an uninterrupted run would, plus the checksums of the state's arrays).
+Resuming picks the latest step that restores and matches its checksums; a step that fails
+(missing, partial or damaged files) is reported in one line and the previous one is tried; when
+the workdir has checkpoints and none restores, `CheckpointError` is raised rather than silently
+starting from scratch. Orbax writes each step to a temporary directory and renames it when
+complete; a temporary directory left by a killed or failed save is never a finished step, and is
+removed when the checkpointer opens the directory.
+
+Checksums (`fingerprint`): for every array, the sum of its bits as uint32 words and the sum of
+those words times odd position weights, both modulo 2^32, computed on device. Integer sums do
+not depend on the order of addition, so the value is the same whatever the sharding or process
+count, and any change of one byte of one array changes it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
 import os
+import shutil
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+
+TMP_MARKER = ".orbax-checkpoint-tmp"   # orbax's suffix for a step directory being written
+CHECKSUMS = "checksums"                # key of the state's checksums in the `data` item
 
 class CheckpointError(RuntimeError):
   """The workdir has checkpoints but none of them can be restored."""
+
+
+def _words(x: jax.Array) -> jax.Array:
+  """The bits of `x` as a flat uint32 array (narrower types widened, wider ones split)."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    return x.reshape(-1).astype(jnp.uint32)
+  size = jnp.dtype(x.dtype).itemsize
+  if size == 4:
+    return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+  if size == 8:
+    return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+  narrow = {1: jnp.uint8, 2: jnp.uint16}[size]
+  return jax.lax.bitcast_convert_type(x, narrow).reshape(-1).astype(jnp.uint32)
+
+
+@jax.jit
+def _leaf_sums(leaves: list) -> jax.Array:
+  sums = []
+  for x in leaves:
+    w = _words(x)                                                          # [N] uint32
+    weights = jnp.arange(w.shape[0], dtype=jnp.uint32) * jnp.uint32(2654435761) | jnp.uint32(1)
+    sums.append(jnp.stack([jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * weights, dtype=jnp.uint32),
+                           jnp.uint32(w.shape[0])]))
+  return jnp.stack(sums) if sums else jnp.zeros((0, 3), jnp.uint32)      # [leaves, 3]
+
+
+def fingerprint(tree: Any) -> str:
+  """A checksum of every array in `tree` (and of its structure), independent of sharding."""
+  sums = _leaf_sums(jax.tree.leaves(tree))
+  words = np.asarray(jax.device_get(sums.addressable_data(0)))
+  digest = hashlib.sha256(str(jax.tree.structure(tree)).encode())
+  digest.update(words.astype("<u4").tobytes())
+  return digest.hexdigest()[:32]
+
+
+def checksums(state: Any) -> dict[str, str]:
+  """The checksums saved with a state: of the whole state, and of its params alone."""
+  out = {"state": fingerprint(state)}
+  if isinstance(state, dict) and "params" in state:
+    out["params"] = fingerprint(state["params"])
+  return out
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+  """Orbax logs a traceback for every failed restore; the checkpointer reports one line."""
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    absl_logger.setLevel(level)
+
+
+def remove_unfinished(directory: str) -> list[str]:
+  """Removes orbax's temporary step directories (saves that never finished); returns them."""
+  if jax.process_index() != 0 or not os.path.isdir(directory):
+    return []
+  removed = sorted(d for d in os.listdir(directory) if TMP_MARKER in d)
+  for name in removed:
+    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+  return removed
 
 
 class Checkpointer:
@@ -27,6 +108,10 @@ class Checkpointer:
   def __init__(self, directory: str, *, every: int, keep: int):
     self.directory = os.path.abspath(os.path.expanduser(directory))
     self.every = int(every)
+    removed = remove_unfinished(self.directory)
+    if removed:
+      print(f"Removed unfinished checkpoint saves in {self.directory}: {', '.join(removed)} "
+            f"(an earlier run stopped while writing them).", flush=True)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=int(keep), create=True, enable_async_checkpointing=False)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
@@ -38,14 +123,20 @@ class Checkpointer:
   def _step_dirs_on_disk(self) -> list[str]:
     if not os.path.isdir(self.directory):
       return []
-    return sorted(d for d in os.listdir(self.directory) if d.split(".")[0].isdigit())
+    return sorted(d for d in os.listdir(self.directory)
+                  if d.split(".")[0].isdigit() and TMP_MARKER not in d)
+
+  def due(self, step: int) -> bool:
+    """Whether `step` is on the saving period."""
+    return self.every > 0 and step % self.every == 0
 
   def save(self, step: int, state: Any, data_state: dict, *, force: bool = False) -> bool:
     """Saves when `step` is on the period (or `force`); returns whether it saved."""
-    if not force and (self.every <= 0 or step % self.every):
+    if not force and not self.due(step):
       return False
     if step in self.manager.all_steps():
       return False
+    data_state = {**data_state, CHECKSUMS: checksums(state)}
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
     self.manager.wait_until_finished()
@@ -68,23 +159,28 @@ class Checkpointer:
     errors = []
     for step in reversed(steps):
       try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        with _quiet_orbax():
+          restored = self.manager.restore(step, args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        data_state = restored["data"]
+        if data_state is None:
+          raise CheckpointError("the data iterator state is missing")
+        saved = data_state.pop(CHECKSUMS, None)  # absent in checkpoints of earlier versions
+        if saved is not None and saved["state"] != fingerprint(restored["state"]):
+          raise CheckpointError("its arrays do not match the checksums saved with them "
+                                "(damaged files)")
       except Exception as e:  # noqa: BLE001 - any failure means: try the previous step
-        errors.append(f"step {step}: {type(e).__name__}: {str(e)[:300]}")
-        print(f"WARNING: checkpoint step {step} in {self.directory} failed to restore; "
-              f"falling back to the previous step. Cause: {errors[-1]}", flush=True)
-        continue
-      data_state = restored["data"]
-      if data_state is None:
-        errors.append(f"step {step}: the data iterator state is missing")
+        cause = str(e).splitlines()[0][:300] if str(e) else ""
+        errors.append(f"step {step}: {type(e).__name__}: {cause}")
+        print(f"WARNING: checkpoint step {step} in {self.directory} cannot be used ("
+              f"{errors[-1]}); trying the previous step.", flush=True)
         continue
       return restored["state"], data_state, step
     raise CheckpointError(
-        f"none of the checkpoints in {self.directory} (steps {steps}) could be restored:\n  "
-        + "\n  ".join(errors)
-        + "\nThe config or code may have changed shapes since they were written, or the files "
-          "are damaged. Use a fresh --workdir, or delete the checkpoints to start from scratch.")
+        f"none of the checkpoints in {self.directory} (steps {steps}) could be restored (see "
+        f"the warnings above): the config or code may have changed shapes since they were "
+        f"written, or the files are damaged. Use a fresh --workdir, or delete the checkpoints "
+        f"to start from scratch.")
 
   def close(self) -> None:
     self.manager.wait_until_finished()
@@ -119,14 +215,25 @@ def load_params(directory: str, abstract_params: Any) -> tuple[Any, int]:
         f"finish that run first or clear init_from.")
   target = {"params": abstract_params}
   try:
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-        partial_restore=True)))
+    with _quiet_orbax():
+      restored = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+              target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+              partial_restore=True),
+          data=ocp.args.JsonRestore()))
   except Exception as e:  # noqa: BLE001 - report which directory and why, whatever failed
     raise CheckpointError(
         f"could not read the parameters of step {step} in {directory} (config.init_from): "
-        f"{type(e).__name__}: {str(e)[:300]}. The model config must match that run's "
-        f"(parameter shapes may not depend on the sequence length).") from e
+        f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}. The model "
+        f"config must match that run's (parameter shapes may not depend on the sequence "
+        f"length).") from e
   finally:
     manager.close()
-  return restored["state"]["params"], step
+  params = restored["state"]["params"]
+  saved = (restored["data"] or {}).get(CHECKSUMS, {}).get("params")
+  if saved is not None and saved != fingerprint(params):
+    raise CheckpointError(
+        f"the parameters of step {step} in {directory} (config.init_from) do not match the "
+        f"checksums saved with them (damaged files); rerun that run's last phase or restore "
+        f"its files.")
+  return params, step

@@ -1,5 +1,6 @@
-"""Tests for lra/checkpoint.py: round trip with shardings, fallback past a corrupt step, and a
-clear error (never a silent fresh start) when no checkpoint restores."""
+"""Tests for lra/checkpoint.py: round trip with shardings, fallback past a corrupt or damaged step
+(checksums of the arrays), unfinished saves removed, and a clear error (never a silent fresh
+start) when no checkpoint restores."""
 
 import os
 import shutil
@@ -57,7 +58,7 @@ def test_fallback_warning_is_loud(tmp_path, mesh, capsys):
   _, _, step = ckpt.restore_latest(checkpoint.abstract_like(make_state(0, mesh)))
   out = capsys.readouterr().out
   assert step == 1
-  assert "WARNING" in out and "step 2" in out and "falling back" in out
+  assert "WARNING" in out and "step 2" in out and "trying the previous step" in out
 
 
 def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(tmp_path, mesh):
@@ -70,8 +71,87 @@ def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(tmp_path, mesh):
     ckpt.restore_latest(other_shape)
 
 
-def test_partial_step_directory_is_an_error(tmp_path, mesh):
+def test_unfinished_saves_are_removed_and_never_counted(tmp_path, mesh, capsys):
+  # A save killed (or out of disk) before orbax renamed its temporary folder.
   os.makedirs(tmp_path / "5.orbax-checkpoint-tmp-123" / "state")
   ckpt = checkpoint.Checkpointer(str(tmp_path), every=1, keep=3)
-  with pytest.raises(checkpoint.CheckpointError, match="none is a finished checkpoint"):
-    ckpt.restore_latest(checkpoint.abstract_like(make_state(0, mesh)))
+  assert "Removed unfinished checkpoint saves" in capsys.readouterr().out
+  assert not (tmp_path / "5.orbax-checkpoint-tmp-123").exists()
+  assert ckpt.restore_latest(checkpoint.abstract_like(make_state(0, mesh))) is None
+  ckpt.save(3, make_state(3, mesh), {"pos": 3})
+  os.makedirs(tmp_path / "4.orbax-checkpoint-tmp-9" / "state")
+  again = checkpoint.Checkpointer(str(tmp_path), every=1, keep=3)
+  _, data, step = again.restore_latest(checkpoint.abstract_like(make_state(0, mesh)))
+  assert (step, data) == (3, {"pos": 3}) and os.listdir(tmp_path) == ["3"]
+
+
+def _largest_array_file(step_dir):
+  files = [os.path.join(d, f) for d, _, names in os.walk(step_dir / "state") for f in names
+           if os.sep + "d" + os.sep in os.path.join(d, f) + os.sep or d.endswith(os.sep + "d")]
+  return max(files, key=os.path.getsize)
+
+
+def test_a_flipped_byte_in_the_array_data_is_never_loaded(tmp_path, mesh, capsys):
+  ckpt = checkpoint.Checkpointer(str(tmp_path), every=1, keep=3)
+  big = lambda v: {"w": jax.device_put(jnp.arange(4096, dtype=jnp.float32) * v,
+                                       NamedSharding(mesh, P("data")))}
+  for step in (1, 2):
+    ckpt.save(step, big(step), {"pos": step})
+  path = _largest_array_file(tmp_path / "2")
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 0x10
+  open(path, "wb").write(bytes(data))
+  state, _, step = ckpt.restore_latest(checkpoint.abstract_like(big(0)))
+  assert step == 1
+  np.testing.assert_array_equal(state["w"], np.arange(4096, dtype=np.float32))
+  assert "checkpoint step 2" in capsys.readouterr().out
+
+
+def test_arrays_that_do_not_match_their_checksums_are_refused(tmp_path, mesh, monkeypatch,
+                                                               capsys):
+  ckpt = checkpoint.Checkpointer(str(tmp_path), every=1, keep=3)
+  ckpt.save(1, make_state(1, mesh), {"pos": 1})
+  real = checkpoint.checksums
+  monkeypatch.setattr(checkpoint, "checksums",
+                      lambda state: {**real(state), "state": "0" * 32})  # as if damaged later
+  ckpt.save(2, make_state(2, mesh), {"pos": 2})
+  _, data, step = ckpt.restore_latest(checkpoint.abstract_like(make_state(0, mesh)))
+  assert (step, data) == (1, {"pos": 1})
+  out = capsys.readouterr().out
+  assert "step 2" in out and "do not match the checksums" in out and out.count("\n") == 1
+
+
+def test_checkpoints_without_checksums_still_restore(tmp_path, mesh, monkeypatch):
+  monkeypatch.setattr(checkpoint, "CHECKSUMS", "unused")  # written as by earlier versions
+  ckpt = checkpoint.Checkpointer(str(tmp_path), every=1, keep=3)
+  ckpt.save(1, make_state(1, mesh), {"pos": 1})
+  monkeypatch.undo()
+  _, data, step = ckpt.restore_latest(checkpoint.abstract_like(make_state(0, mesh)))
+  assert step == 1 and data["pos"] == 1
+
+
+def test_fingerprint_ignores_sharding_and_sees_one_bit(mesh):
+  x = np.random.default_rng(0).normal(size=(8, 6)).astype(np.float32)
+  tree = {"a": jnp.asarray(x), "b": jnp.arange(5, dtype=jnp.int32),
+          "c": jnp.ones((3,), jnp.bfloat16)}
+  sharded = {**tree, "a": jax.device_put(tree["a"], NamedSharding(mesh, P("data", None)))}
+  assert checkpoint.fingerprint(tree) == checkpoint.fingerprint(sharded)
+  flipped = x.copy()
+  flipped.view(np.uint32)[3, 2] ^= 1 << 7
+  assert checkpoint.fingerprint({**tree, "a": jnp.asarray(flipped)}) != \
+      checkpoint.fingerprint(tree)
+  swapped = x.copy()
+  swapped[[0, 1]] = swapped[[1, 0]]                       # same values, other places
+  assert checkpoint.fingerprint({**tree, "a": jnp.asarray(swapped)}) != \
+      checkpoint.fingerprint(tree)
+
+
+def test_load_params_refuses_damaged_parameters(tmp_path, mesh, monkeypatch):
+  real = checkpoint.checksums
+  monkeypatch.setattr(checkpoint, "checksums",
+                      lambda state: {**real(state), "params": "0" * 32})
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), every=1, keep=3)
+  ckpt.save(1, make_state(1, mesh), {"pos": 1})
+  ckpt.close()
+  with pytest.raises(checkpoint.CheckpointError, match="do not match the checksums"):
+    checkpoint.load_params(str(tmp_path), checkpoint.abstract_like(make_state(0, mesh)["params"]))
