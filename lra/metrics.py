@@ -88,6 +88,24 @@ class MetricWriter:
       if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
         self._summaries.add_scalar(f"{split}/{name}", float(value), int(step))
 
+  def keep_only(self, keep) -> int:
+    """Rewrites metrics.jsonl with the records for which `keep(record)` is true (atomically:
+    a new file renamed over the old one); returns how many were dropped. A resumed run drops
+    the records written after its checkpoint, which it writes again."""
+    if not self.enabled or not os.path.exists(self.path):
+      return 0
+    records = read_metrics(os.path.dirname(self.path))
+    kept = [r for r in records if keep(r)]
+    if len(kept) == len(records):
+      return 0
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in kept)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, self.path)
+    return len(records) - len(kept)
+
   def close(self) -> None:
     """Writes every pending scalar to the event file and closes it."""
     if self._closer is not None:
@@ -97,9 +115,18 @@ class MetricWriter:
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
-  """All records of `<workdir>/metrics.jsonl` (empty if none)."""
+  """All records of `<workdir>/metrics.jsonl` (empty if none). A last line cut short (a run
+  killed while writing it) is left out; a damaged line elsewhere raises."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    lines = [line for line in f if line.strip()]
+  records = []
+  for i, line in enumerate(lines):
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      if i < len(lines) - 1 or line.endswith("\n"):
+        raise ValueError(f"{path}: line {i + 1} is not a JSON record; repair or remove it.")
+  return records

@@ -39,7 +39,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from attention import kinds as attention_kinds
-from lra import checkpoint, mesh as mesh_lib, metrics, progress
+from lra import checkpoint, lock as lock_lib, mesh as mesh_lib, metrics, progress
 from lra import tasks as tasks_lib
 from lra.data import pipeline
 
@@ -95,28 +95,36 @@ def validate_config(config: ml_collections.ConfigDict, task) -> None:
 
 
 class _StopFlag:
-  """Turns the first SIGINT into a request to stop after the current step (the second one
-  interrupts immediately)."""
+  """Turns the first SIGINT (Ctrl-C) or SIGTERM (what a TPU VM or a cluster sends before
+  preemption) into a request to stop after the current step and save. Installed for the whole
+  run, so one during start-up or compilation lets it finish instead of interrupting XLA; a
+  second Ctrl-C interrupts immediately, a second SIGTERM changes nothing."""
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
   def __init__(self):
     self.requested = False
-    self._previous = None
+    self._previous = {}
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGINT, self._handle)
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
     return self
 
   def _handle(self, signum, frame):
     if self.requested:
-      raise KeyboardInterrupt
+      if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+      return
     self.requested = True
-    print("\nInterrupted: saving a checkpoint after this step (Ctrl-C again to abort).",
-          flush=True)
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    again = " (Ctrl-C again to abort)" if signum == signal.SIGINT else ""
+    print(f"\nInterrupted by {name}: saving a checkpoint after this step{again}.", flush=True)
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGINT, self._previous)
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
     return False
 
 
@@ -235,6 +243,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
   workdir = os.path.abspath(os.path.expanduser(workdir))
   os.makedirs(workdir, exist_ok=True)
+  with _StopFlag() as stop, lock_lib.WorkdirLock(workdir, enabled=jax.process_index() == 0) \
+      as lock:
+    return _train_and_evaluate(config, workdir, hooks, stop, lock)
+
+
+def _restore_sums(saved: dict | None) -> dict | None:
+  return None if saved is None else {k: np.float32(v) for k, v in saved.items()}
+
+
+def _train_and_evaluate(config, workdir, hooks, stop, lock) -> dict[str, Any]:
   t_start = time.time()
   trainer = Trainer(config)
   task = trainer.task
@@ -253,11 +271,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                  every=config.checkpoint_every, keep=config.keep_checkpoints)
   best_ckpt = checkpoint.Checkpointer(os.path.join(workdir, "best"), every=0, keep=1)
   state = trainer.state
-  start_step = 0
+  start_step, train_sums = 0, None
   restored = ckpt.restore_latest(trainer.abstract_state())
   if restored is not None:
-    state, data_state, start_step = restored
-    train_iter.set_state(data_state["train_iterator"])
+    state, saved, start_step = restored
+    train_iter.set_state(saved["train_iterator"])
+    train_sums = _restore_sums(saved.get("train_sums"))   # the open logging window
     print(f"Resumed from {ckpt.directory} at step {start_step}.", flush=True)
   elif config.get("init_from"):
     params, from_step = checkpoint.load_params(config.init_from,
@@ -272,9 +291,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       best = best_restored[1]["best"]
   writer = metrics.MetricWriter(workdir)
   total_steps = int(config.num_train_steps)
+  # Records written after the step resumed from (by a run killed before its next checkpoint),
+  # and the final evaluation's, are written again: drop them so each step has one record.
+  writer.keep_only(lambda r: r["step"] < start_step or (
+      r["step"] == start_step and not (start_step == total_steps and r["split"] != "train")))
 
   def data_state():
-    return {"train_iterator": train_iter.get_state()}
+    sums = None if train_sums is None else {
+        k: float(np.asarray(v)) for k, v in train_sums.items()}
+    lock.heartbeat()
+    return {"train_iterator": train_iter.get_state(), "train_sums": sums}
 
   def run_eval(step: int, params) -> dict[str, float]:
     nonlocal best
@@ -287,9 +313,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return m
 
   bar = progress.Progress(total_steps, start_step) if config.get("progress", True) else None
-  interrupted = False
-  train_sums, last_loss, t_log, step = None, None, time.perf_counter(), start_step
-  with _StopFlag() as stop:
+  interrupted = stop.requested   # during start-up or compilation: stop before the first step
+  last_loss, t_log, step = None, time.perf_counter(), start_step
+  if not interrupted:
     for step in range(start_step + 1, total_steps + 1):
       batch = mesh_lib.global_batch(next(train_iter), trainer.mesh)
       state, sums = trainer.train_step(state, batch, trainer.rest)
@@ -305,7 +331,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         vm = run_eval(step, state["params"])
         if bar is None:
           print(f"step {step}: validation accuracy {vm['accuracy']:.4f}", flush=True)
-      ckpt.save(step, state, data_state())
+      if ckpt.due(step):
+        ckpt.save(step, state, data_state())
       for hook in hooks:
         hook(step)
       if bar is not None:
@@ -316,12 +343,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if bar is not None:
     bar.close()
   if interrupted:
-    ckpt.save(step, state, data_state(), force=True)
+    saved = ckpt.save(step, state, data_state(), force=True)
     ckpt.close()
     best_ckpt.close()
     writer.close()
-    print(f"Saved a checkpoint at step {step} in {ckpt.directory}; rerun the same command to "
-          f"continue.", flush=True)
+    where = f"Saved a checkpoint at step {step} in {ckpt.directory}" if saved else \
+        f"Stopped at step {step} (its checkpoint is already in {ckpt.directory})"
+    print(f"{where}; rerun the same command to continue.", flush=True)
     return {"interrupted": True, "step": step, "state": state}
 
   ckpt.save(total_steps, state, data_state(), force=True)
