@@ -7,7 +7,8 @@
 
 `run` trains and evaluates a task (see launch/train.py); `list` prints the tasks and the
 attention kinds; `data` shows which datasets are ready and builds one (see launch/data.py).
-Unknown names fail with the list of valid ones.
+Unknown names fail with the list of valid ones; a `--config.x` without its value fails in one
+line (`error: ...`, exit status 2).
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ def list_names() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  rest, overrides = train_launcher.split_overrides(argv)
+  try:
+    rest, overrides = train_launcher.split_overrides(argv)
+  except ValueError as e:  # a `--config.x` without its value
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   parser = argparse.ArgumentParser(prog="lra", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = parser.add_subparsers(dest="command", required=True)

@@ -29,7 +29,11 @@ def default_workdir(task: str, config: ml_collections.ConfigDict) -> str:
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
-  """Separates `--config.a.b=v` (or `--config.a.b v`) from the other arguments."""
+  """Separates `--config.a.b=v` (or `--config.a.b v`) from the other arguments.
+
+  Raises ValueError when a `--config.a.b` has no value: it ends the command line, or the next
+  argument is another flag (`--...`), which is never taken as the value.
+  """
   rest, overrides, i = [], [], 0
   argv = list(argv)
   while i < len(argv):
@@ -37,7 +41,7 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str
     if a.startswith("--config."):
       key, eq, value = a[len("--config."):].partition("=")
       if not eq:
-        if i + 1 >= len(argv):
+        if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
           raise ValueError(f"{a} needs a value: {a}=VALUE.")
         value, i = argv[i + 1], i + 1
       overrides.append((key, value))
@@ -86,7 +90,11 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  rest, overrides = split_overrides(argv)
+  try:
+    rest, overrides = split_overrides(argv)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   parser = argparse.ArgumentParser(prog="python -m launch.train", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   add_run_arguments(parser)

@@ -45,6 +45,20 @@ def test_split_overrides_accepts_both_spellings():
   assert overrides == [("seed", "3"), ("batch_size", "16")]
 
 
+def test_a_config_flag_without_value_never_takes_the_next_flag(capsys):
+  message = "--config.seed needs a value: --config.seed=VALUE."
+  for argv in (["run", "listops", "--config.seed", "--size", "small"],
+               ["run", "listops", "--config.seed"]):
+    with pytest.raises(ValueError) as e:
+      launcher.split_overrides(argv)
+    assert str(e.value) == message
+  # a negative number is a value, not a flag
+  assert launcher.split_overrides(["--config.seed", "-1"])[1] == [("seed", "-1")]
+  assert cli.main(["run", "listops", "--config.seed", "--size", "small"]) == 2
+  assert launcher.main(["listops", "--config.seed", "--size", "small"]) == 2
+  assert capsys.readouterr() == ("", f"error: {message}\n" * 2)
+
+
 def test_default_workdir_names_the_run():
   c = configs.build_config("listops", attention="band", size="small")
   assert launcher.default_workdir("listops", c) == "workdirs/listops-band-small"
