@@ -7,8 +7,8 @@
 
 `run` trains and evaluates a task (see launch/train.py); `list` prints the tasks and the
 attention kinds; `data` shows which datasets are ready and builds one (see launch/data.py).
-Unknown names fail with the list of valid ones; a `--config.x` without its value fails in one
-line (`error: ...`, exit status 2).
+Unknown names fail with the list of valid ones; a bad config value or a `--config.x` without
+its value fails in one line (`error: ...`, exit status 2) before anything heavy is imported.
 """
 
 from __future__ import annotations

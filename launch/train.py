@@ -5,7 +5,9 @@
 
 `--config.a.b=V` overrides an existing field (`configs.build_config`; V is converted against the
 field's current type by the converter the config arguments use too). Unknown fields raise with
-the valid names at that level. The `lra` console command (launch/cli.py) calls this. Staged
+the valid names at that level. The resolved values (and each phase's) are then checked by
+`configs.validate`: a bad one ends the command at once with one line naming the field, exit
+status 2, before jax is imported. The `lra` console command (launch/cli.py) calls this. Staged
 configs (`config.phases`, the character-LM ones) run through `lra.phases`, one workdir per phase;
 rerunning the command continues the schedule.
 """
@@ -20,6 +22,8 @@ from typing import Sequence
 import ml_collections
 
 import configs
+from configs import validate
+from lra import phases  # pure Python: the trainer is imported by its functions only
 from lra import tasks as tasks_lib
 
 
@@ -61,16 +65,24 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                            "it resumes")
 
 
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Checks every value of `config` and, for a staged one, of each phase's config (no jax)."""
+  validate.check(config)
+  for k in range(len(config.get("phases") or ())):
+    validate.check(phases.phase_config(config, k), context=f"config.phases[{k}] gives ")
+
+
 def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   """Trains; returns the process exit status (130 when interrupted by Ctrl-C)."""
-  try:
-    config = configs.build_config(args.task, attention=args.attention, size=args.size, arg=args.arg,
-                          overrides=overrides)
-  except ValueError as e:  # a bad name or override: say which, no traceback
+  try:  # a bad name, override or value: say which in one line, before any heavy import
+    config = configs.build_config(args.task, attention=args.attention, size=args.size,
+                                  arg=args.arg, overrides=overrides)
+    check_config(config)
+  except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   workdir = args.workdir or default_workdir(args.task, config)
-  from lra import phases, train  # heavy imports only once the arguments are valid
+  from lra import train  # heavy imports only once the arguments are valid
   from lra.data import archives
   task = tasks_lib.get_task(config.task)
   try:  # names, combinations and phases first, then the data: all before anything compiles

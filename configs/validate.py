@@ -1,0 +1,228 @@
+"""Checks a resolved config's values before anything is imported or built: `check(config)`.
+
+`lra run` calls `check` right after resolving the config and its `--config.x=y` overrides (and
+on every phase's config of a staged schedule), so a bad value fails at once, in one line that
+names the field, its value, what it must be and what the field means, for example
+
+  config.log_every = 0: must be a positive integer (steps between train-metric records).
+
+The rules are one table (`FIELDS`) plus the checks that relate fields: qkv_dim divisible by
+num_heads, the mesh sizes, and the attention specs (a known kind, only the arguments that kind
+accepts, `Kind.arguments` in `attention.kinds`, and sane sizes). A field a config lacks is not
+checked. What needs jax (the global batch against the device count) is left to the trainer.
+
+Like every config module this imports only ml_collections, the attention kinds' records and the
+standard library, never jax, so checking a config is instant.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import ml_collections
+
+from attention import kinds
+
+# The names the trainer and the models accept (lra/train.py, models/embeddings.py,
+# models/encoder.py; tests/validate_test.py checks they agree).
+SCHEDULES = ("rsqrt", "cosine", "constant")
+POSITIONS = ("sinusoidal", "learned", "none")
+POOLINGS = ("cls", "mean")
+MESH_AXES = ("data", "fsdp", "tensor")
+
+Rule = tuple[Callable[[Any], bool], str]  # (is the value valid, what it must be)
+
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def at_least(low: int) -> Rule:
+  """An integer >= low."""
+  text = "must be a positive integer" if low == 1 else f"must be an integer >= {low}"
+  return (lambda v: _is_int(v) and v >= low), text
+
+
+def number(low: float, high: float | None = None, *, strict: bool = False) -> Rule:
+  """A finite number >= low (> low when strict), and < high when given."""
+  if high is not None:
+    return (lambda v: _is_number(v) and low <= v < high), f"must be a number in [{low}, {high})"
+  if strict:
+    return (lambda v: _is_number(v) and v > low), f"must be a finite number > {low}"
+  return (lambda v: _is_number(v) and v >= low), f"must be a finite number >= {low}"
+
+
+def one_of(*names: str) -> Rule:
+  """One of the given names."""
+  return (lambda v: v in names), f"must be one of {', '.join(names)}"
+
+
+POSITIVE, NON_NEGATIVE = at_least(1), at_least(0)
+
+# (field, rule, what the field means)
+FIELDS: tuple[tuple[str, Rule, str], ...] = (
+    ("seed", NON_NEGATIVE, "the seed of parameters, dropout and data order"),
+    ("batch_size", POSITIVE, "examples per training step, over all devices"),
+    ("eval_batch_size", POSITIVE, "examples per evaluation step, over all devices"),
+    ("num_train_steps", NON_NEGATIVE, "training steps"),
+    ("log_every", POSITIVE, "steps between train-metric records"),
+    ("eval_every", POSITIVE, "steps between validation passes"),
+    ("checkpoint_every", POSITIVE, "steps between checkpoints"),
+    ("keep_checkpoints", POSITIVE, "how many of the newest checkpoints are kept"),
+    ("learning_rate", number(0), "the peak learning rate"),
+    ("schedule", one_of(*SCHEDULES), "the learning-rate schedule"),
+    ("warmup_steps", NON_NEGATIVE, "steps of linear learning-rate warmup"),
+    ("weight_decay", number(0), "AdamW's decoupled weight decay"),
+    ("grad_clip", number(0), "the global gradient-norm limit; 0 disables clipping"),
+    ("adam_b1", number(0, 1), "Adam's first-moment decay"),
+    ("adam_b2", number(0, 1), "Adam's second-moment decay"),
+    ("adam_eps", number(0, strict=True), "Adam's denominator epsilon"),
+    ("model.num_layers", POSITIVE, "transformer blocks"),
+    ("model.num_heads", POSITIVE, "attention heads"),
+    ("model.emb_dim", POSITIVE, "the model width"),
+    ("model.qkv_dim", POSITIVE, "the total query/key/value width over all heads"),
+    ("model.mlp_dim", POSITIVE, "the hidden width of each block's MLP"),
+    ("model.classifier_dim", POSITIVE, "the hidden width of the classifier head"),
+    ("model.dropout", number(0, 1), "the dropout rate"),
+    ("model.pos_emb", one_of(*POSITIONS), "the position embedding"),
+    ("model.pool", one_of(*POOLINGS), "how the classifier pools the sequence"),
+    ("data.max_length", POSITIVE, "tokens per training sequence"),
+    ("data.eval_length", NON_NEGATIVE, "the evaluation window; 0 means data.max_length"),
+    ("data.eval_context", NON_NEGATIVE, "tokens of context before each scored evaluation span"),
+)
+
+# Attention arguments whose values are checked wherever they appear (a None is the primitive's
+# own default).
+ATTENTION_VALUES: dict[str, tuple[Rule, str]] = {
+    "window": (NON_NEGATIVE, "the one-sided band window, in tokens"),
+    "block_size": (POSITIVE, "tokens per block"),
+    "stride": (POSITIVE, "the sparse pattern's stride"),
+    "chunk_size": (POSITIVE, "tokens per chunk"),
+    "num_features": (POSITIVE, "FAVOR+ random features"),
+    "num_hashes": (POSITIVE, "LSH hash rounds"),
+    "num_buckets": (POSITIVE, "LSH buckets"),
+}
+
+_MISSING = object()
+
+
+def _get(config: Any, dotted: str) -> Any:
+  node = config
+  for name in dotted.split("."):
+    if not isinstance(node, (Mapping, ml_collections.ConfigDict)) or name not in node:
+      return _MISSING
+    node = node[name]
+  return node
+
+
+def _refuse(field: str, value: Any, rule: Rule, meaning: str) -> None:
+  if not rule[0](value):
+    raise ValueError(f"{field} = {value!r}: {rule[1]} ({meaning}).")
+
+
+def _check_fields(config: ml_collections.ConfigDict, prefix: str = "") -> None:
+  for field, rule, meaning in FIELDS:
+    if field.startswith(prefix):
+      value = _get(config, field)
+      if value is not _MISSING:
+        _refuse(f"config.{field}", value, rule, meaning)
+
+
+def _check_heads(model: Any) -> None:
+  heads, qkv = model.get("num_heads"), model.get("qkv_dim")
+  if heads and qkv and qkv % heads:
+    raise ValueError(f"config.model.qkv_dim = {qkv!r}: must be a multiple of "
+                     f"config.model.num_heads = {heads} (each head gets qkv_dim // num_heads "
+                     f"features).")
+
+
+def _check_mesh(mesh: Any) -> None:
+  if mesh is _MISSING:
+    return
+  for axis, size in dict(mesh).items():
+    if axis not in MESH_AXES:
+      raise ValueError(f"config.mesh.{axis}: unknown mesh axis; valid: {', '.join(MESH_AXES)}.")
+    if not (_is_int(size) and (size >= 1 or size == -1)):
+      raise ValueError(f"config.mesh.{axis} = {size!r}: must be a positive integer or -1 "
+                       f"(devices along the {axis} axis; -1: all the remaining ones).")
+  if list(dict(mesh).values()).count(-1) > 1:
+    raise ValueError(f"config.mesh = {dict(mesh)}: at most one axis may be -1 (all the "
+                     f"remaining devices).")
+
+
+def _check_dilation(field: str, value: Any) -> None:
+  values = value if isinstance(value, (tuple, list)) else (value,)
+  if not values or not all(_is_int(d) and d >= 1 for d in values):
+    raise ValueError(f"{field} = {value!r}: must be a positive integer or a tuple of one "
+                     f"positive integer per head (the band's dilation).")
+
+
+def check_attention(spec: Mapping[str, Any], where: str, default_kind: Any = None) -> None:
+  """Checks one attention spec (`kind` plus arguments) found at `where` (for the message).
+
+  A spec without `kind` (a `layer_attention` entry) has `default_kind`.
+  """
+  kind = spec.get("kind", default_kind)
+  if kind not in kinds.KINDS:
+    raise ValueError(f"{where}.kind = {kind!r}: unknown attention kind; valid: "
+                     f"{', '.join(kinds.names())}.")
+  accepted = kinds.get(kind).arguments
+  for name, value in spec.items():
+    if name == "kind":
+      continue
+    if name not in accepted:
+      valid = (f"takes no argument {name!r}; valid: {', '.join(accepted)}" if accepted
+               else "takes no arguments; remove it")
+      raise ValueError(f"{where}.{name} = {value!r}: {kind} {valid}.")
+    if name in ATTENTION_VALUES and value is not None:
+      rule, meaning = ATTENTION_VALUES[name]
+      _refuse(f"{where}.{name}", value, rule, meaning)
+    if name == "dilation":
+      _check_dilation(f"{where}.{name}", value)
+
+
+def _check_layer_attention(model: Any) -> None:
+  layers = tuple(model.get("layer_attention") or ())
+  num_layers = model.get("num_layers")
+  if layers and len(layers) != num_layers:
+    entries = f"{len(layers)} entr{'y' if len(layers) == 1 else 'ies'}"
+    raise ValueError(f"config.model.layer_attention has {entries}: must have none or one dict "
+                     f"per layer (config.model.num_layers = {num_layers}).")
+  default_kind = model.attention.get("kind")
+  for i, entry in enumerate(layers):
+    where = f"config.model.layer_attention[{i}]"
+    if not isinstance(entry, (Mapping, ml_collections.ConfigDict)):
+      raise ValueError(f"{where} = {entry!r}: must be a dict of attention arguments (empty: "
+                       f"the default config.model.attention).")
+    check_attention(entry, where, default_kind)
+
+
+def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
+  """Raises ValueError (one line, prefixed by `context`) at the first invalid value."""
+  try:
+    _check_fields(config)
+    _check_mesh(_get(config, "mesh"))
+    model = _get(config, "model")
+    if model is not _MISSING:
+      _check_heads(model)
+      if "attention" in model:
+        check_attention(model.attention, "config.model.attention")
+        _check_layer_attention(model)
+  except ValueError as e:
+    if context:
+      raise ValueError(f"{context}{e}") from None
+    raise
+
+
+def check_data(config: ml_collections.ConfigDict) -> None:
+  """Checks only the `data.*` fields (for `lra data prepare`)."""
+  _check_fields(config, prefix="data.")
+
+
+__all__ = ["FIELDS", "POOLINGS", "POSITIONS", "SCHEDULES", "check", "check_attention",
+           "check_data"]
