@@ -15,8 +15,10 @@ rerunning the command continues the schedule.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
+import traceback
 from typing import Sequence
 
 import ml_collections
@@ -93,11 +95,53 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(f"Training {args.task} ({config.config_arg}) in {workdir}", flush=True)
-  results = phases.run(config, workdir)
+  try:
+    results = phases.run(config, workdir)
+  except KeyboardInterrupt:
+    print("error: interrupted (Ctrl-C twice); rerun the same command to resume from the last "
+          "checkpoint.", file=sys.stderr)
+    return 130
+  except Exception as e:  # noqa: BLE001 - one line naming the cause; the traceback to a file
+    print(f"error: {failure_line(e, workdir)}", file=sys.stderr)
+    return 2
   if results["interrupted"]:
     return 130
   print(task.result_line(results, phases.results_path(workdir, results)), flush=True)
   return 0
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+  out = []
+  while e is not None and e not in out:
+    out.append(e)
+    e = e.__cause__ or e.__context__
+  return out
+
+
+def failure_line(e: Exception, workdir: str) -> str:
+  """The one line a failed run ends with: the cause and what to do (the known failures), or
+  the exception with its traceback written to `<workdir>/error.log`."""
+  from lra import checkpoint, lock
+  chain = _chain(e)
+  if any(isinstance(x, OSError) and x.errno == errno.ENOSPC for x in chain) or any(
+      "No space left on device" in str(x) for x in chain):
+    return (f"no space left on device while writing in {workdir} ({type(e).__name__}); free "
+            f"some space and rerun the same command: it resumes from the last finished "
+            f"checkpoint, and an unfinished save is discarded.")
+  if isinstance(e, (lock.WorkdirBusy, checkpoint.CheckpointError, FloatingPointError)):
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+  log = os.path.join(workdir, "error.log")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    with open(log, "a") as f:
+      traceback.print_exception(e, file=f)
+    where = f"the traceback is in {log}"
+  except OSError:
+    where = "no traceback could be written"
+  first = str(e).splitlines()[0][:300] if str(e) else ""
+  if isinstance(e, ValueError):   # a setting the checks before the run could not see
+    return f"{first} ({where})."
+  return f"{type(e).__name__}: {first} ({where}; rerun the same command to resume)."
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -86,12 +86,12 @@ def model_config(config: ml_collections.ConfigDict, task) -> dict[str, Any]:
 
 def validate_config(config: ml_collections.ConfigDict, task) -> None:
   """Checks names and combinations before anything is built; messages say what to change."""
+  from configs import validate
   from models.encoder import layer_specs
+  validate.check(config)
   specs = layer_specs(config.model.attention.to_dict(), config.model.layer_attention,
                       config.model.num_layers)
   task.check_layers([attention_kinds.get(spec.get("kind")).name for spec in specs])
-  if config.eval_batch_size <= 0 or config.batch_size <= 0:
-    raise ValueError("batch_size and eval_batch_size must be positive.")
 
 
 class _StopFlag:
@@ -160,6 +160,11 @@ class Trainer:
     self.task = tasks_lib.get_task(config.task)
     validate_config(config, self.task)
     self.mesh = mesh_lib.make_mesh(config.mesh.to_dict())
+    for field in ("batch_size", "eval_batch_size"):
+      try:
+        mesh_lib.batch_size_per_process(int(config[field]), self.mesh)
+      except ValueError as e:
+        raise ValueError(f"config.{field} = {config[field]}: {e}") from None
     self.rules = tuple(tuple(r) for r in config.axis_rules)
     cfg = model_config(config, self.task)
     seed = int(config.seed)
