@@ -13,11 +13,15 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from benchmarks.soak_kill import DRIVER, records  # noqa: E402  (the fault-planting child)
+
 STEPS = 12
 TINY = ["--config.data.num_train=96", "--config.data.num_val=16", "--config.data.num_test=16",
         "--config.data.max_length=24", "--config.data.gen_min_length=4",
@@ -28,42 +32,6 @@ TINY = ["--config.data.num_train=96", "--config.data.num_val=16", "--config.data
         f"--config.num_train_steps={STEPS}", "--config.warmup_steps=2",
         "--config.log_every=3", "--config.eval_every=6", "--config.checkpoint_every=4",
         "--config.progress=false"]
-
-# The child: `lra run` with one fault planted through monkeypatching (never in library code).
-DRIVER = textwrap.dedent("""
-    import errno, os, signal, sys
-    fault, at = sys.argv[1], int(sys.argv[2])
-    from orbax.checkpoint._src.path import async_path
-    from lra import train
-    rename = async_path.rename
-
-    async def faulty_rename(src, dst):
-      if f"{os.sep}{at}.orbax-checkpoint-tmp" in str(src):
-        if fault == "kill_in_save":
-          os.kill(os.getpid(), signal.SIGKILL)
-        if fault == "disk_full":
-          raise OSError(errno.ENOSPC, "No space left on device", str(dst))
-      return await rename(src, dst)
-    async_path.rename = faulty_rename
-
-    init = train.Trainer.__init__
-    def faulty_init(self, config):
-      init(self, config)
-      if fault == "sigint_at_start":
-        os.kill(os.getpid(), signal.SIGINT)
-      step_fn = self.train_step
-      def step(state, batch, rest):
-        state, sums = step_fn(state, batch, rest)
-        if int(state["step"]) == at and fault in ("sigkill", "sigterm", "sigint"):
-          os.kill(os.getpid(), getattr(signal, fault.upper()))
-        return state, sums
-      self.train_step = step
-    train.Trainer.__init__ = faulty_init
-
-    from launch import cli
-    sys.exit(cli.main(sys.argv[3:]))
-    """)
-
 
 def run(workdir, data_dir, fault="none", at=0, timeout=240):
   env = {**os.environ, "LRA_DATA": data_dir, "JAX_PLATFORMS": "cpu",
@@ -76,16 +44,6 @@ def run(workdir, data_dir, fault="none", at=0, timeout=240):
 def final_checksums(workdir) -> dict:
   with open(os.path.join(workdir, "checkpoints", str(STEPS), "data", "metadata")) as f:
     return json.load(f)["checksums"]
-
-
-def records(workdir) -> list[tuple]:
-  out = []
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      r = json.loads(line)
-      out.append(tuple(sorted((k, v) for k, v in r.items()
-                              if k not in ("time", "steps_per_second"))))
-  return out
 
 
 def results(workdir) -> dict:
