@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from configs import common, image as image_config
-from lra import metrics, train
+import task_helpers
+from configs import image as image_config
 from lra.data import archives
 from lra.tasks import image
 
@@ -110,12 +110,7 @@ def assert_gray(got, rgb):
 
 
 def _cfg(tmp_path, **kw):
-  cfg = image_config.get_config("size=base").data
-  cfg.data_dir = str(tmp_path / "data")
-  cfg.manual_dir = str(tmp_path / "manual")
-  cfg.download = False
-  cfg.update(kw)
-  return cfg
+  return task_helpers.local_data(image_config.get_config("size=base").data, tmp_path, kw)
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +119,7 @@ def prepared(tmp_path_factory):
   os.makedirs(root / "manual")
   content = write_cifar(str(root / "manual" / image.CIFAR10.filename))
   cfg = _cfg(root)
-  before = image.status(cfg)
-  image.prepare(cfg)
+  before, _ = task_helpers.prepare_with_status(image.TASK, cfg)
   return cfg, content, before
 
 
@@ -148,7 +142,7 @@ def test_grayscale_is_the_tf_formula_for_every_colour():
 def test_dataset_from_the_archive(prepared):
   cfg, content, before = prepared
   assert not before.ready and "prepare image" in before.detail
-  after = image.status(cfg)
+  after = image.TASK.status(cfg)
   assert after.ready and after.detail.startswith(cfg.data_dir)
   src = {s: image.get_source(cfg, s) for s in ("train", "validation", "test")}
   assert [len(src[s]) for s in src] == [18, 2, PER_BATCH]
@@ -175,31 +169,19 @@ def test_dataset_from_the_archive(prepared):
 
 def test_missing_archive_names_url_file_and_directory(tmp_path):
   cfg = _cfg(tmp_path)
-  status = image.status(cfg)
+  status = image.TASK.status(cfg)
   assert not status.ready and image.CIFAR10.url in status.detail
-  with pytest.raises(archives.DataMissingError) as err:
-    image.get_source(cfg, "train")
-  msg = str(err.value)
+  msg = task_helpers.missing_data_message(image.TASK, cfg, "val")
   assert image.CIFAR10.url in msg and "cifar-10-python.tar.gz" in msg
   assert os.path.join(str(tmp_path), "manual") in msg
-  with pytest.raises(ValueError, match="valid splits"):
-    image.get_source(cfg, "val")
 
 
 def test_truncated_archive_leaves_no_dataset(tmp_path):
-  os.makedirs(tmp_path / "manual")
-  path = str(tmp_path / "manual" / image.CIFAR10.filename)
-  write_cifar(path)
-  with open(path, "rb") as f:
-    data = f.read()
-  with open(path, "wb") as f:
-    f.write(data[:len(data) // 2])
   cfg = _cfg(tmp_path)
-  with pytest.raises(archives.CorruptArchiveError, match="truncated or corrupt"):
-    image.prepare(cfg)
-  assert image._builder(cfg).is_prepared() is False
+  task_helpers.check_truncated_archive(
+      image.TASK, cfg, os.path.join(cfg.manual_dir, image.CIFAR10.filename), write_cifar,
+      match="truncated or corrupt")
   assert not os.path.exists(os.path.join(cfg.data_dir, "lra_image", "grayscale", "1.0.0"))
-  assert not image.status(cfg).ready
 
 
 def test_pickle_with_other_globals_is_refused(tmp_path):
@@ -211,8 +193,8 @@ def test_pickle_with_other_globals_is_refused(tmp_path):
               test_batch=pickle.dumps({b"data": Evil()}, protocol=2))
   cfg = _cfg(tmp_path)
   with pytest.raises(archives.CorruptArchiveError, match="refusing to load the global"):
-    image.prepare(cfg)
-  assert not image._builder(cfg).is_prepared()
+    image.TASK.prepare(cfg)
+  task_helpers.assert_nothing_built(image.TASK, cfg)
   with pytest.raises(pickle.UnpicklingError):
     image.load_pickle(pickle.dumps(Evil(), protocol=4))
   # numpy arrays pickled by numpy 2 (numpy._core) load too.
@@ -225,7 +207,7 @@ def test_wrong_batch_structure_is_reported(tmp_path):
   write_cifar(str(tmp_path / "manual" / image.CIFAR10.filename),
               test_batch=py2_pickle({b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}))
   with pytest.raises(archives.CorruptArchiveError, match=r"uint8 \[N, 3072\]"):
-    image.prepare(_cfg(tmp_path))
+    image.TASK.prepare(_cfg(tmp_path))
 
 
 def test_configs():
@@ -246,18 +228,7 @@ def test_configs():
 
 
 def test_two_training_steps(prepared, tmp_path):
-  cfg, _, _ = prepared
-  c = image_config.get_config("size=small")
-  c.data = cfg
-  c.model.emb_dim, c.model.qkv_dim, c.model.mlp_dim, c.model.classifier_dim = 16, 16, 32, 16
-  c.model.num_heads = 2
-  c.model.attention = dict(kind="band", **common.attention_defaults("band", window=8,
-                                                                     max_length=1024))
-  c.batch_size, c.eval_batch_size = 8, 8
-  c.num_train_steps, c.warmup_steps = 2, 1
-  c.log_every, c.eval_every, c.checkpoint_every = 1, 100, 100
-  c.progress = False
-  results = train.train_and_evaluate(c, str(tmp_path))
-  assert results["test_examples"] == PER_BATCH and results["train_step_traces"] == 1
-  losses = [r["loss"] for r in metrics.read_metrics(str(tmp_path)) if r["split"] == "train"]
-  assert len(losses) == 2 and np.all(np.isfinite(losses))
+  assert prepared[0].max_length == 1024
+  results = task_helpers.two_training_steps(image_config, prepared[0], str(tmp_path),
+                                            kind="band", window=8)
+  assert results["test_examples"] == PER_BATCH

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from configs import common, text as text_config
-from lra import tasks, train
+import task_helpers
+from configs import text as text_config
 from lra.data import archives
 from lra.tasks import text
 from lra.tasks.classification import ClassificationTask
@@ -70,13 +70,8 @@ def expected(split):
 
 
 def data_cfg(root, **kw):
-  cfg = text_config.data_config()
-  cfg.data_dir = str(root / "data")
-  cfg.manual_dir = str(root / "manual")
-  cfg.download = False
-  cfg.max_length = MAX_LENGTH
-  cfg.update(kw)
-  return cfg
+  return task_helpers.local_data(text_config.data_config(), root,
+                                 {"max_length": MAX_LENGTH, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +80,7 @@ def built(tmp_path_factory):
   os.makedirs(root / "manual")
   write_archive(str(root / "manual" / text.IMDB.filename))
   cfg = data_cfg(root)
-  before = text.status(cfg)
-  folder = text.prepare(cfg)
-  return root, cfg, before, folder
+  return (root, cfg, *task_helpers.prepare_with_status(text.TASK, cfg))
 
 
 def rows_of(source):
@@ -163,39 +156,21 @@ def test_holdout_validation_is_a_seeded_part_of_train(built):
 
 def test_status_before_and_after_prepare(built):
   root, cfg, before, folder = built
-  assert not before.ready and "the input files are in place" in before.detail
-  after = text.status(cfg)
-  assert after.ready and after.detail == folder and os.path.isdir(folder)
-  missing = text.status(data_cfg(root / "elsewhere"))
-  assert not missing.ready and text.IMDB.url in missing.detail
+  task_helpers.check_status(text.TASK, cfg, before, folder,
+                            missing_cfg=data_cfg(root / "elsewhere"), url=text.IMDB.url)
 
 
 def test_missing_archive_names_url_file_and_directory(tmp_path):
-  cfg = data_cfg(tmp_path)
-  with pytest.raises(archives.DataMissingError) as err:
-    text.get_source(cfg, "train")
-  msg = str(err.value)
+  msg = task_helpers.missing_data_message(text.TASK, data_cfg(tmp_path), "dev")
   for part in (text.IMDB.url, "aclImdb_v1.tar.gz", str(tmp_path / "manual")):
     assert part in msg
-  with pytest.raises(ValueError, match="valid splits: train, validation, test"):
-    text.get_source(cfg, "dev")
 
 
 def test_truncated_archive_raises_and_leaves_no_dataset(tmp_path):
-  os.makedirs(tmp_path / "manual")
-  path = str(tmp_path / "manual" / text.IMDB.filename)
-  write_archive(path)
-  with open(path, "rb") as f:
-    data = f.read()
-  with open(path, "wb") as f:
-    f.write(data[:len(data) // 2])
   cfg = data_cfg(tmp_path)
-  with pytest.raises(archives.CorruptArchiveError, match="truncated or corrupt.*download it"):
-    text.prepare(cfg)
-  assert text._builder(cfg).is_prepared() is False
-  assert not text.status(cfg).ready
-  version_dirs = [d for d, _, _ in os.walk(cfg.data_dir) if d.endswith("1.0.0")]
-  assert not version_dirs
+  task_helpers.check_truncated_archive(
+      text.TASK, cfg, os.path.join(cfg.manual_dir, text.IMDB.filename), write_archive,
+      match="truncated or corrupt.*download it")
 
 
 def test_archive_without_the_aclimdb_layout_is_refused(tmp_path):
@@ -203,48 +178,25 @@ def test_archive_without_the_aclimdb_layout_is_refused(tmp_path):
   reviews = {k: v for k, v in REVIEWS.items() if k[0] == "train"}   # no test reviews
   write_archive(str(tmp_path / "manual" / text.IMDB.filename), reviews)
   with pytest.raises(archives.CorruptArchiveError, match="aclImdb/test/pos/"):
-    text.prepare(data_cfg(tmp_path))
-  assert text._builder(data_cfg(tmp_path)).is_prepared() is False
-
-
-def test_task_interface():
-  task = tasks.get_task("text")
-  assert task is text.TASK and type(task) is ClassificationTask
-  assert (task.name, task.num_classes, task.vocab_size, task.pad_id) == ("text", 2, 257, 0)
-
-
-def test_configs_base_is_lra_and_small_is_smaller():
-  base = text_config.get_config("size=base")
-  m = base.model
-  assert (base.data.max_length, m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim) == \
-      (1000, 4, 256, 4, 256, 1024)
-  assert (m.dropout, m.pos_emb, m.pool, base.data.validation) == (0.1, "sinusoidal", "cls", "test")
-  assert (base.batch_size, base.learning_rate, base.schedule, base.warmup_steps,
-          base.weight_decay, base.num_train_steps) == (32, 0.05, "rsqrt", 8000, 0.1, 20_000)
-  small = text_config.get_config("size=small,attention=band,window=8")
-  assert small.data.max_length < 1000 and small.model.emb_dim < 256
-  assert small.model.attention.window == 8 and small.task == "text"
-  with pytest.raises(ValueError, match="valid sizes"):
-    text_config.get_config("size=large")
-  runs = []
-  text_config.sweep(lambda **kw: runs.append(kw))
-  assert runs and all("size=base" in r["config_arg"] for r in runs)
-  assert "lra run text" in text_config.__doc__
+    text.TASK.prepare(data_cfg(tmp_path))
+  task_helpers.assert_nothing_built(text.TASK, data_cfg(tmp_path))
 
 
 def test_two_training_steps(built, tmp_path):
-  root, _, _, _ = built
-  c = text_config.get_config("size=small")
-  c.data = data_cfg(root)
-  c.model.emb_dim, c.model.qkv_dim, c.model.mlp_dim, c.model.classifier_dim = 16, 16, 32, 16
-  c.model.num_heads, c.model.num_layers = 2, 1
-  c.model.attention = dict(kind="dot_product",
-                           **common.attention_defaults("dot_product", window=4, max_length=64))
-  c.batch_size, c.eval_batch_size = 8, 8
-  c.num_train_steps, c.warmup_steps = 2, 1
-  c.log_every, c.eval_every, c.checkpoint_every = 1, 100, 100
-  c.progress = False
-  results = train.train_and_evaluate(c, str(tmp_path / "run"))
-  assert results["train_step_traces"] == 1 and int(results["state"]["step"]) == 2
-  assert results["test_examples"] == 4 and np.isfinite(results["test_loss"])
-  assert results["majority_class_rate"] == 0.5
+  results = task_helpers.two_training_steps(text_config, data_cfg(built[0]),
+                                            str(tmp_path / "run"), num_layers=1)
+  assert results["test_examples"] == 4 and results["majority_class_rate"] == 0.5
+
+
+def test_configs_base_is_lra_and_small_is_smaller():
+  lra = {"data.max_length": 1000, "data.validation": "test", "model.num_layers": 4,
+         "model.emb_dim": 256, "model.num_heads": 4, "model.qkv_dim": 256, "model.mlp_dim": 1024,
+         "model.dropout": 0.1, "model.pos_emb": "sinusoidal", "model.pool": "cls",
+         "batch_size": 32, "learning_rate": 0.05, "schedule": "rsqrt", "warmup_steps": 8000,
+         "weight_decay": 0.1, "num_train_steps": 20_000}
+  task_helpers.check_config_module(text_config, "text", lra, bad_arg="size=large",
+                                   error="valid sizes")
+
+
+def test_task_interface():
+  task_helpers.check_task(text, ClassificationTask, num_classes=2, vocab_size=257)

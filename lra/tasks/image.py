@@ -26,7 +26,6 @@ order; the training iterator shuffles.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import pickle
@@ -171,35 +170,16 @@ def split_rows(batches: dict[str, tuple[np.ndarray, np.ndarray]]
 # tfds dataset (array_record) and the random-access source.
 
 
-@dataclasses.dataclass
-class ImageConfig(tfds.core.BuilderConfig):
-  """`archive`: the path of cifar-10-python.tar.gz (needed only to build)."""
-  archive: str = ""
-
-
-class ImageBuilder(builders.Builder, skip_registration=True):
-  """CIFAR-10 grayscale pixels (uint8 [1024], raw values) and an int32 label."""
+class ImageBuilder(builders.LabelledBuilder, skip_registration=True):
+  """CIFAR-10 grayscale pixels (uint8 [1024], raw values 0..255, row-major) and an int32 label,
+  from cifar-10-python.tar.gz in the manual_dir; stored in the archive order."""
 
   name = "lra_image"
   RELEASE_NOTES = {"1.0.0": "CIFAR-10 python archive, LRA grayscale, 45K/5K/10K splits."}
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "inputs": builders.token_feature(),   # gray levels 0..255, row-major
-            "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
-        }),
-        homepage="https://www.cs.toronto.edu/~kriz/cifar.html",
-        disable_shuffling=True,                   # keep the archive order
-    )
+  HOMEPAGE = "https://www.cs.toronto.edu/~kriz/cifar.html"
 
   def _split_generators(self, dl_manager):
-    del dl_manager
-    if not self.builder_config.archive:
-      raise ValueError("ImageBuilder needs the archive path in its config; use image.build().")
-    splits = split_rows(read_archive(self.builder_config.archive))
+    splits = split_rows(read_archive(os.fspath(dl_manager.manual_dir / CIFAR10.filename)))
     return {split: self._generate_examples(*rows) for split, rows in splits.items()}
 
   def _generate_examples(self, pixels, labels):
@@ -207,29 +187,14 @@ class ImageBuilder(builders.Builder, skip_registration=True):
       yield i, {"inputs": pixels[i], "targets": np.int32(labels[i])}
 
 
-def _builder(data_cfg: ml_collections.ConfigDict, archive: str = "") -> ImageBuilder:
-  return ImageBuilder(config=ImageConfig(name="grayscale", archive=archive,
-                                         description="LRA grayscale CIFAR-10."),
+def _builder(data_cfg: ml_collections.ConfigDict) -> ImageBuilder:
+  return ImageBuilder(config=tfds.core.BuilderConfig(name="grayscale",
+                                                     description="LRA grayscale CIFAR-10."),
                       data_dir=os.path.expanduser(data_cfg.data_dir))
 
 
-def build(data_cfg: ml_collections.ConfigDict) -> ImageBuilder:
-  """Prepares the dataset if it is not there yet (finding or fetching the archive); returns it."""
-  builder = _builder(data_cfg)
-  if builder.is_prepared():
-    return builder
-  path = archives.locate(CIFAR10, data_cfg.manual_dir, download=data_cfg.download)
-  return builders.prepare(_builder(data_cfg, path), NAME)
-
-
-def prepare(data_cfg: ml_collections.ConfigDict) -> str:
-  """Builds the dataset for data_cfg if needed; returns its folder."""
-  return os.fspath(build(data_cfg).data_dir)
-
-
-def status(data_cfg: ml_collections.ConfigDict) -> builders.Status:
-  """Whether the dataset is prepared; if not, whether the archive is in place."""
-  return builders.archive_status(NAME, _builder(data_cfg), [(CIFAR10, data_cfg.manual_dir)])
+# build/prepare/status: the archive is found (or downloaded) in data.manual_dir only to build.
+DATA = builders.TaskData.from_archive(NAME, CIFAR10, _builder)
 
 
 def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.PaddedSource:
@@ -241,10 +206,10 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.Padd
   if int(data_cfg.max_length) != LENGTH:
     raise ValueError(f"image: data.max_length is {data_cfg.max_length} but a CIFAR-10 image is "
                      f"{LENGTH} pixels; set data.max_length={LENGTH}.")
-  builder = build(data_cfg)
+  builder = DATA.build(data_cfg)
   return builders.PaddedSource(builder.as_data_source(split=split), {"inputs": LENGTH},
                                offset=builders.BYTE_OFFSET)
 
 
 TASK = ClassificationTask(name=NAME, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
-                          get_source=get_source, prepare=prepare, status=status)
+                          get_source=get_source, prepare=DATA.prepare, status=DATA.status)

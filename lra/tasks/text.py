@@ -26,7 +26,6 @@ rebuild and the held-out reviews are the same for every max_length.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import re
 import sys
@@ -96,33 +95,16 @@ def read_archive(path: str) -> dict[str, list[tuple[int, int, bytes]]]:
 # tfds dataset (array_record).
 
 
-@dataclasses.dataclass
-class TextConfig(tfds.core.BuilderConfig):
-  """The archive the dataset is built from (set when building; not part of the identity)."""
-  archive_path: str = ""
-
-
-class TextBuilder(builders.Builder, skip_registration=True):
-  """IMDb reviews as variable-length uint8 bytes and an int32 label; prepare as array_record."""
+class TextBuilder(builders.LabelledBuilder, skip_registration=True):
+  """IMDb reviews as variable-length uint8 bytes (raw, no padding, no truncation) and an int32
+  label, from aclImdb_v1.tar.gz in the manual_dir; sorted by (label, review id)."""
 
   name = "lra_text"
   RELEASE_NOTES = {"1.0.0": "aclImdb_v1 reviews as stripped UTF-8 bytes, sorted by label, id."}
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "inputs": builders.token_feature(),  # raw bytes, no padding, no truncation
-            "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
-        }),
-        homepage="https://ai.stanford.edu/~amaas/data/sentiment/",
-        disable_shuffling=True,  # keep the sorted order
-    )
+  HOMEPAGE = "https://ai.stanford.edu/~amaas/data/sentiment/"
 
   def _split_generators(self, dl_manager):
-    del dl_manager
-    reviews = read_archive(self.builder_config.archive_path)
+    reviews = read_archive(os.fspath(dl_manager.manual_dir / IMDB.filename))
     return {split: self._generate_examples(rows) for split, rows in reviews.items()}
 
   def _generate_examples(self, rows):
@@ -130,28 +112,13 @@ class TextBuilder(builders.Builder, skip_registration=True):
       yield i, {"inputs": np.frombuffer(text, np.uint8), "targets": np.int32(label)}
 
 
-def _builder(data_cfg: ml_collections.ConfigDict, archive_path: str = "") -> TextBuilder:
-  return TextBuilder(config=TextConfig(name="bytes", archive_path=archive_path),
+def _builder(data_cfg: ml_collections.ConfigDict) -> TextBuilder:
+  return TextBuilder(config=tfds.core.BuilderConfig(name="bytes"),
                      data_dir=os.path.expanduser(data_cfg.data_dir))
 
 
-def build(data_cfg: ml_collections.ConfigDict) -> TextBuilder:
-  """Prepares the dataset from the archive if it is not there yet; returns the builder."""
-  builder = _builder(data_cfg)
-  if builder.is_prepared():
-    return builder
-  path = archives.locate(IMDB, data_cfg.manual_dir, download=data_cfg.download)
-  return builders.prepare(_builder(data_cfg, path), NAME)
-
-
-def prepare(data_cfg: ml_collections.ConfigDict) -> str:
-  """Builds the dataset for data_cfg if needed; returns its folder."""
-  return os.fspath(build(data_cfg).data_dir)
-
-
-def status(data_cfg: ml_collections.ConfigDict) -> builders.Status:
-  """Whether the dataset is prepared; if not, whether the archive is in place."""
-  return builders.archive_status(NAME, _builder(data_cfg), [(IMDB, data_cfg.manual_dir)])
+# build/prepare/status: the archive is found (or downloaded) in data.manual_dir only to build.
+DATA = builders.TaskData.from_archive(NAME, IMDB, _builder)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -201,7 +168,7 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.Padd
   if data_cfg.validation not in VALIDATION_CHOICES:
     raise ValueError(f"unknown data.validation {data_cfg.validation!r}; valid: "
                      f"{', '.join(VALIDATION_CHOICES)} (LRA validated on test).")
-  builder = build(data_cfg)
+  builder = DATA.build(data_cfg)
   if split == "test" or (split == "validation" and data_cfg.validation == "test"):
     source = builder.as_data_source(split="test")
   else:
@@ -215,4 +182,4 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.Padd
 
 
 TASK = ClassificationTask(name=NAME, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
-                          get_source=get_source, prepare=prepare, status=status)
+                          get_source=get_source, prepare=DATA.prepare, status=DATA.status)
