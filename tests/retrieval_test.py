@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from configs import common, retrieval as retrieval_config
-from lra import tasks, train
+import task_helpers
+from configs import retrieval as retrieval_config
 from lra.data import archives
 from lra.tasks import retrieval
 from lra.tasks.classification import MatchingTask
@@ -69,13 +69,8 @@ def write_release_tarball(path):
 
 
 def data_cfg(root, **kw):
-  cfg = retrieval_config.data_config()
-  cfg.data_dir = str(root / "data")
-  cfg.manual_dir = str(root / "manual")
-  cfg.download = False
-  cfg.max_length = MAX_LENGTH
-  cfg.update(kw)
-  return cfg
+  return task_helpers.local_data(retrieval_config.data_config(), root,
+                                 {"max_length": MAX_LENGTH, **kw})
 
 
 def ids(data, length):
@@ -102,9 +97,7 @@ def built(tmp_path_factory):
   root = tmp_path_factory.mktemp("retrieval")
   write_tsvs(str(root / "manual" / "lra_release" / "tsv_data"))
   cfg = data_cfg(root)
-  before = retrieval.status(cfg)
-  folder = retrieval.prepare(cfg)
-  return root, cfg, before, folder
+  return (root, cfg, *task_helpers.prepare_with_status(retrieval.TASK, cfg))
 
 
 def test_examples_from_the_extracted_release(built):
@@ -123,7 +116,7 @@ def test_storage_keeps_lra_first_10000_bytes(built):
   wide = retrieval.get_source(data_cfg(root, max_length=12_000, doc_bytes=12_000), "train")
   row = wide[3]["inputs1"]
   assert np.count_nonzero(row) == 12_000
-  stored = retrieval.build(data_cfg(root)).as_data_source(split="train")[3]
+  stored = retrieval.DATA.build(data_cfg(root)).as_data_source(split="train")[3]
   assert stored["inputs1"].size == 10_000 and bytes(stored["inputs1"]) == LONG[:10_000]
   lra = retrieval.get_source(data_cfg(root, max_length=10_000), "train")[3]["inputs1"]
   np.testing.assert_array_equal(lra, ids(LONG, 10_000))
@@ -133,11 +126,9 @@ def test_storage_keeps_lra_first_10000_bytes(built):
 
 def test_status_before_and_after_prepare(built):
   root, cfg, before, folder = built
-  assert not before.ready and "the input files are in place" in before.detail
-  after = retrieval.status(cfg)
-  assert after.ready and after.detail == folder and os.path.isdir(folder)
-  missing = retrieval.status(data_cfg(root / "elsewhere"))
-  assert not missing.ready and archives.LRA_RELEASE.url in missing.detail
+  task_helpers.check_status(retrieval.TASK, cfg, before, folder,
+                            missing_cfg=data_cfg(root / "elsewhere"),
+                            url=archives.LRA_RELEASE.url)
 
 
 def test_aan_folder_of_the_readme_is_found(tmp_path):
@@ -153,36 +144,27 @@ def test_release_tarball_is_extracted_then_built(tmp_path):
   os.makedirs(manual)
   write_release_tarball(str(manual / "lra_release.gz"))
   cfg = data_cfg(tmp_path)
-  assert not retrieval.status(cfg).ready and "in place" in retrieval.status(cfg).detail
+  status = retrieval.TASK.status(cfg)
+  assert not status.ready and "in place" in status.detail
   check_split(retrieval.get_source(cfg, "train"), ROWS["train"], MAX_LENGTH)
   assert sorted(os.listdir(manual / "lra_release")) == ["tsv_data"]   # nothing else extracted
   assert sorted(os.listdir(manual / "lra_release" / "tsv_data")) == sorted(
       retrieval.TSV_FILES.values())
-  assert retrieval.status(cfg).ready
+  assert retrieval.TASK.status(cfg).ready
 
 
 def test_truncated_release_tarball_raises_and_leaves_nothing(tmp_path):
   manual = tmp_path / "manual"
-  os.makedirs(manual)
-  path = str(manual / "lra_release.gz")
-  write_release_tarball(path)
-  with open(path, "rb") as f:
-    data = f.read()
-  with open(path, "wb") as f:
-    f.write(data[:len(data) // 2])
-  cfg = data_cfg(tmp_path)
-  with pytest.raises(archives.CorruptArchiveError, match="truncated or corrupt.*download it"):
-    retrieval.prepare(cfg)
-  assert retrieval._builder(cfg).is_prepared() is False
+  task_helpers.check_truncated_archive(
+      retrieval.TASK, data_cfg(tmp_path), str(manual / "lra_release.gz"), write_release_tarball,
+      match="truncated or corrupt.*download it")
   assert os.listdir(manual / "lra_release") == []     # no half-extracted tsv_data/
   assert not [d for d, _, _ in os.walk(tmp_path) if d.endswith("1.0.0")]
 
 
 def test_missing_data_names_url_files_and_directory(tmp_path):
   cfg = data_cfg(tmp_path)
-  with pytest.raises(archives.DataMissingError) as err:
-    retrieval.get_source(cfg, "train")
-  msg = str(err.value)
+  msg = task_helpers.missing_data_message(retrieval.TASK, cfg, "eval")
   for part in (archives.LRA_RELEASE.url, "lra_release.gz", "new_aan_pairs.train.tsv",
                "new_aan_pairs.eval.tsv", "new_aan_pairs.test.tsv", str(tmp_path / "manual"),
                os.path.join(str(tmp_path / "manual"), "lra_release", "tsv_data")):
@@ -191,9 +173,7 @@ def test_missing_data_names_url_files_and_directory(tmp_path):
   os.makedirs(partial)
   (partial / "new_aan_pairs.train.tsv").write_bytes(tsv_bytes(ROWS["train"]))
   with pytest.raises(archives.DataMissingError, match="lacks new_aan_pairs.eval.tsv"):
-    retrieval.prepare(cfg)
-  with pytest.raises(ValueError, match="valid splits"):
-    retrieval.get_source(cfg, "eval")
+    retrieval.TASK.prepare(cfg)
 
 
 def test_malformed_lines_are_reported(tmp_path):
@@ -208,44 +188,21 @@ def test_malformed_lines_are_reported(tmp_path):
   assert list(retrieval.read_tsv(str(path))) == [(b"\"x", b"y\"", 1)]
 
 
-def test_task_interface():
-  task = tasks.get_task("retrieval")
-  assert task is retrieval.TASK and type(task) is MatchingTask
-  assert (task.name, task.num_classes, task.vocab_size, task.pad_id) == ("retrieval", 2, 257, 0)
+def test_two_training_steps(built, tmp_path):
+  results = task_helpers.two_training_steps(retrieval_config, data_cfg(built[0]),
+                                            str(tmp_path / "run"), num_layers=1)
+  assert results["test_examples"] == 4 and results["majority_class_rate"] == 0.5
 
 
 def test_configs_base_is_lra_and_small_is_smaller():
-  base = retrieval_config.get_config("size=base")
-  m = base.model
-  assert (base.data.max_length, m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim,
-          m.classifier_dim) == (4000, 4, 128, 4, 128, 512, 512)
-  assert (base.batch_size, base.learning_rate, base.schedule, base.warmup_steps,
-          base.weight_decay, base.num_train_steps, m.dropout) == \
-      (32, 0.05, "rsqrt", 8000, 0.1, 5000, 0.1)
-  small = retrieval_config.get_config("size=small,attention=band,window=8")
-  assert small.data.max_length < 4000 and small.model.emb_dim < 128
-  assert small.model.attention.window == 8 and small.task == "retrieval"
-  with pytest.raises(ValueError, match="valid arguments"):
-    retrieval_config.get_config("layers=2")
-  runs = []
-  retrieval_config.sweep(lambda **kw: runs.append(kw))
-  assert runs and all("size=base" in r["config_arg"] for r in runs)
-  assert "lra run retrieval" in retrieval_config.__doc__
+  lra = {"data.max_length": 4000, "model.num_layers": 4, "model.emb_dim": 128,
+         "model.num_heads": 4, "model.qkv_dim": 128, "model.mlp_dim": 512,
+         "model.classifier_dim": 512, "model.dropout": 0.1, "batch_size": 32,
+         "learning_rate": 0.05, "schedule": "rsqrt", "warmup_steps": 8000, "weight_decay": 0.1,
+         "num_train_steps": 5000}
+  task_helpers.check_config_module(retrieval_config, "retrieval", lra, bad_arg="layers=2",
+                                   error="valid arguments")
 
 
-def test_two_training_steps(built, tmp_path):
-  root, _, _, _ = built
-  c = retrieval_config.get_config("size=small")
-  c.data = data_cfg(root)
-  c.model.emb_dim, c.model.qkv_dim, c.model.mlp_dim, c.model.classifier_dim = 16, 16, 32, 16
-  c.model.num_heads, c.model.num_layers = 2, 1
-  c.model.attention = dict(kind="dot_product",
-                           **common.attention_defaults("dot_product", window=4, max_length=48))
-  c.batch_size, c.eval_batch_size = 8, 8
-  c.num_train_steps, c.warmup_steps = 2, 1
-  c.log_every, c.eval_every, c.checkpoint_every = 1, 100, 100
-  c.progress = False
-  results = train.train_and_evaluate(c, str(tmp_path / "run"))
-  assert results["train_step_traces"] == 1 and int(results["state"]["step"]) == 2
-  assert results["test_examples"] == 4 and np.isfinite(results["test_loss"])
-  assert results["majority_class_rate"] == 0.5
+def test_task_interface():
+  task_helpers.check_task(retrieval, MatchingTask, num_classes=2, vocab_size=257)

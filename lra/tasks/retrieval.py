@@ -131,34 +131,22 @@ def read_tsv(path: str, doc_bytes: int = LRA_DOC_BYTES) -> Iterator[tuple[bytes,
 
 @dataclasses.dataclass
 class RetrievalConfig(tfds.core.BuilderConfig):
-  """Bytes kept per document (in the name), and the TSV folder (set when building)."""
-  tsv_dir: str = ""
+  """The bytes kept per document (also in the config name)."""
   doc_bytes: int = LRA_DOC_BYTES
 
 
-class RetrievalBuilder(builders.Builder, skip_registration=True):
-  """AAN pairs as two variable-length uint8 byte arrays and an int32 label; array_record."""
+class RetrievalBuilder(builders.LabelledBuilder, skip_registration=True):
+  """AAN pairs as two variable-length uint8 byte arrays (raw, no padding) and an int32 label,
+  from the three TSVs in the manual_dir; example i is line i of its TSV."""
 
   name = "lra_retrieval"
   RELEASE_NOTES = {"1.0.0": "LRA AAN TSVs, first doc_bytes bytes of each text, file order."}
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "inputs1": builders.token_feature(),  # raw bytes, no padding
-            "inputs2": builders.token_feature(),
-            "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
-        }),
-        homepage="https://github.com/google-research/long-range-arena",
-        disable_shuffling=True,  # example i is line i of the TSV
-    )
+  HOMEPAGE = "https://github.com/google-research/long-range-arena"
+  INPUTS = ("inputs1", "inputs2")
 
   def _split_generators(self, dl_manager):
-    del dl_manager
-    cfg = self.builder_config
-    return {split: self._generate_examples(os.path.join(cfg.tsv_dir, name), cfg.doc_bytes)
+    doc_bytes = self.builder_config.doc_bytes
+    return {split: self._generate_examples(os.fspath(dl_manager.manual_dir / name), doc_bytes)
             for split, name in TSV_FILES.items()}
 
   def _generate_examples(self, path: str, doc_bytes: int):
@@ -168,35 +156,26 @@ class RetrievalBuilder(builders.Builder, skip_registration=True):
                 "inputs2": np.frombuffer(text2, np.uint8), "targets": np.int32(label)}
 
 
-def _builder(data_cfg: ml_collections.ConfigDict, tsv_dir: str = "") -> RetrievalBuilder:
+def _builder(data_cfg: ml_collections.ConfigDict) -> RetrievalBuilder:
   doc_bytes = int(data_cfg.doc_bytes)
-  config = RetrievalConfig(name=f"aan_first{doc_bytes}bytes", tsv_dir=tsv_dir,
-                           doc_bytes=doc_bytes,
+  config = RetrievalConfig(name=f"aan_first{doc_bytes}bytes", doc_bytes=doc_bytes,
                            description=f"The first {doc_bytes} bytes of each AAN document.")
   return RetrievalBuilder(config=config, data_dir=os.path.expanduser(data_cfg.data_dir))
 
 
-def build(data_cfg: ml_collections.ConfigDict) -> RetrievalBuilder:
-  """Prepares the dataset from the TSVs if it is not there yet; returns the builder."""
-  builder = _builder(data_cfg)
-  if builder.is_prepared():
-    return builder
-  tsv_dir = locate_tsvs(data_cfg.manual_dir, download=data_cfg.download)
-  return builders.prepare(_builder(data_cfg, tsv_dir), NAME)
-
-
-def prepare(data_cfg: ml_collections.ConfigDict) -> str:
-  """Builds the dataset for data_cfg if needed; returns its folder."""
-  return os.fspath(build(data_cfg).data_dir)
-
-
-def status(data_cfg: ml_collections.ConfigDict) -> builders.Status:
-  """Whether the dataset is prepared; if not, whether the TSVs or the release are in place."""
+def _pending(data_cfg: ml_collections.ConfigDict, builder: RetrievalBuilder) -> builders.Status:
+  """The status before building: whether the TSVs or the release are in place."""
   manual_dir = os.path.expanduser(data_cfg.manual_dir)
   present = bool(find_tsv_dir(manual_dir)) or os.path.isfile(
       os.path.join(manual_dir, archives.LRA_RELEASE.filename))
-  return builders.archive_status(NAME, _builder(data_cfg), [(archives.LRA_RELEASE, manual_dir)],
+  return builders.archive_status(NAME, builder, [(archives.LRA_RELEASE, manual_dir)],
                                  present=[present])
+
+
+# build/prepare/status: the TSV folder (the manual_dir of the build) is found only to build.
+DATA = builders.TaskData(
+    NAME, _builder, pending=_pending,
+    locate=lambda data_cfg: locate_tsvs(data_cfg.manual_dir, download=data_cfg.download))
 
 
 def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.PaddedSource:
@@ -210,7 +189,7 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.Padd
     raise ValueError(f"data.max_length={data_cfg.max_length} is longer than the "
                      f"data.doc_bytes={data_cfg.doc_bytes} bytes stored per document; raise "
                      f"data.doc_bytes (a new dataset is built) or lower data.max_length.")
-  builder = build(data_cfg)
+  builder = DATA.build(data_cfg)
   length = int(data_cfg.max_length)
   return builders.PaddedSource(builder.as_data_source(split=split),
                                {"inputs1": length, "inputs2": length},
@@ -218,4 +197,4 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.Padd
 
 
 TASK = MatchingTask(name=NAME, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
-                    get_source=get_source, prepare=prepare, status=status)
+                    get_source=get_source, prepare=DATA.prepare, status=DATA.status)
