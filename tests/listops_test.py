@@ -3,13 +3,14 @@
 import collections
 import csv
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 from lra import tasks
 from configs import listops as listops_config
-from lra.data import listops_generator as gen
+from lra.data import archives, listops_generator as gen
 from lra.tasks import listops
 from lra.tasks.classification import ClassificationTask
 
@@ -217,6 +218,20 @@ def test_cli_tsvs_equal_the_generated_dataset(tmp_path):
     assert _rows(listops.get_source(gen_cfg, split)) == _rows(listops.get_source(rel_cfg, split))
 
 
+def test_tsvs_under_data_dir_are_the_manual_dir_and_unneeded_once_built(tmp_path):
+  folder = tmp_path / "listops-1000"   # under data_dir (tmp_path), not under manual_dir
+  gen.main(["--output_dir", str(folder), "--num_train=10", "--num_val=5", "--num_test=5",
+            "--gen_min_length=10", "--gen_max_length=40", "--seed=2"])
+  cfg = _small_cfg(tmp_path, generate=False)
+  assert listops.locate(cfg) == str(folder)
+  test = _rows(listops.get_source(cfg, "test"))
+  assert len(test) == 5
+  shutil.rmtree(folder)   # a prepared dataset loads without its TSVs and extracts nothing
+  assert listops.TASK.status(cfg).ready
+  assert _rows(listops.get_source(cfg, "test")) == test
+  assert not os.path.exists(tmp_path / "manual")
+
+
 def test_missing_data_error_names_files_and_directory(tmp_path):
   cfg = _small_cfg(tmp_path, generate=False)
   with pytest.raises(FileNotFoundError) as err:
@@ -228,6 +243,11 @@ def test_missing_data_error_names_files_and_directory(tmp_path):
     assert part in msg
   with pytest.raises(ValueError, match="valid splits: train, validation, test"):
     listops.get_source(cfg, "val")
+  status = listops.TASK.status(cfg)
+  assert not status.ready and archives.LRA_RELEASE.url in status.detail
+  os.makedirs(tmp_path / "manual")
+  (tmp_path / "manual" / "lra_release.gz").write_bytes(b"")
+  assert "the input files are in place" in listops.TASK.status(cfg).detail
 
 
 def test_bad_tsv_is_reported(tmp_path):

@@ -5,9 +5,10 @@ The examples, vocabulary, generator and the released TSV format are in
 evaluation splits do not change with `num_train`.
 
 Storage: a tfds GeneratorBasedBuilder writes array_record files (no TensorFlow needed) with one
-BuilderConfig per data origin: `released` (from the TSVs under manual_dir or data_dir) or one
-named after the generator settings. `get_source` builds the dataset when missing and returns a
-random-access source of padded `int32` examples for grain.
+BuilderConfig per data origin: `released` (from the TSVs found under manual_dir or data_dir,
+handed to the builder as tfds' manual_dir) or one named after the generator settings.
+`get_source` builds the dataset when missing and returns a random-access source of padded
+`int32` examples for grain.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ RELEASED_FILES = {"train": "basic_train.tsv", "validation": "basic_val.tsv",
 RELEASED_DIRS = ("lra_release/listops-1000", "lra_release/lra_release/listops-1000",
                  "listops-1000", ".")
 RELEASE_URL = archives.LRA_RELEASE.url
+RELEASED = "released"   # the builder config of the released TSVs
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,8 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class ListOpsConfig(tfds.core.BuilderConfig):
-  """Where the examples come from: the released TSVs in a directory, or the generator."""
-  released_dir: str = ""  # set: read RELEASED_FILES from it; empty: generate
+  """Where the examples come from: `released` (the TSVs in the manual_dir) or the generator
+  settings (also in the config name)."""
   num_train: int = 0
   num_val: int = 0
   num_test: int = 0
@@ -54,28 +56,18 @@ class ListOpsConfig(tfds.core.BuilderConfig):
   seed: int = 0
 
 
-class ListOpsBuilder(builders.Builder, skip_registration=True):
-  """ListOps as variable-length uint8 token ids and an int32 label; prepare as array_record."""
+class ListOpsBuilder(builders.LabelledBuilder, skip_registration=True):
+  """ListOps as variable-length uint8 token ids (no padding) and an int32 label."""
 
   name = "lra_listops"
   RELEASE_NOTES = {"1.0.0": "Released LRA TSVs or the seeded generator; fixed vocabulary."}
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "inputs": builders.token_feature(),  # ids, no padding
-            "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
-        }),
-        homepage="https://github.com/google-research/long-range-arena",
-    )
+  HOMEPAGE = "https://github.com/google-research/long-range-arena"
+  DISABLE_SHUFFLING = False   # stored in tfds' order of the example keys, as from the start
 
   def _split_generators(self, dl_manager):
-    del dl_manager
     cfg = self.builder_config
-    if cfg.released_dir:
-      return {split: self._generate_examples(read_tsv(os.path.join(cfg.released_dir, f)))
+    if cfg.name == RELEASED:
+      return {split: self._generate_examples(read_tsv(os.fspath(dl_manager.manual_dir / f)))
               for split, f in RELEASED_FILES.items()}
     seen = set()  # the three splits are disjoint; test and validation do not depend on num_train
     kw = dict(min_length=cfg.gen_min_length, max_length=cfg.gen_max_length,
@@ -107,27 +99,16 @@ def find_released(*dirs: str) -> str | None:
   return None
 
 
-def builder_config(data_cfg: ml_collections.ConfigDict) -> ListOpsConfig:
-  """The BuilderConfig for data_cfg: released TSVs when present, else the generator settings.
+def _find_released(data_cfg: ml_collections.ConfigDict) -> str | None:
+  """The released TSVs' folder in the LRA release layout under manual_dir, then data_dir."""
+  return find_released(data_cfg.manual_dir, data_cfg.data_dir)
 
-  The TSVs are looked for in the LRA release layout under `manual_dir`, then under `data_dir`;
-  with `generate=False` and no TSVs, the release is extracted from `manual_dir/lra_release.gz`
-  (or downloaded, with `download=True`).
-  """
-  data_dir = os.path.expanduser(data_cfg.data_dir)
-  manual_dir = os.path.expanduser(data_cfg.manual_dir)
-  released = find_released(manual_dir, data_dir)
-  if not released and not data_cfg.generate:
-    try:
-      archives.release_path(manual_dir, "listops-1000", download=data_cfg.download)
-    except archives.DataMissingError as e:
-      raise archives.DataMissingError(
-          f"ListOps TSVs ({', '.join(RELEASED_FILES.values())}) not found. {e} Or set "
-          f"data.generate=True to build the dataset from the ListOps generator.") from None
-    released = find_released(manual_dir)
-  if released:
-    return ListOpsConfig(name="released", released_dir=released,
-                         description=f"LRA release TSVs from {released}.")
+
+def builder_config(data_cfg: ml_collections.ConfigDict) -> ListOpsConfig:
+  """The BuilderConfig for data_cfg: `released` when the TSVs are present or data.generate is
+  off, else one named after the generator settings. Reads no file and extracts nothing."""
+  if _find_released(data_cfg) or not data_cfg.generate:
+    return ListOpsConfig(name=RELEASED, description="The LRA release TSVs (listops-1000).")
   c = data_cfg
   name = (f"generated_len{c.gen_min_length}to{c.gen_max_length}_depth{c.max_depth}"
           f"_args{c.max_args}_n{c.num_train}x{c.num_val}x{c.num_test}_seed{c.seed}")
@@ -138,33 +119,56 @@ def builder_config(data_cfg: ml_collections.ConfigDict) -> ListOpsConfig:
       description="Generated with the LRA ListOps grammar.")
 
 
-def build(data_cfg: ml_collections.ConfigDict) -> ListOpsBuilder:
-  """Prepares the array_record dataset for data_cfg if it is not there yet; returns the builder."""
-  builder = ListOpsBuilder(config=builder_config(data_cfg),
-                           data_dir=os.path.expanduser(data_cfg.data_dir))
-  return builders.prepare(builder, NAME)
+def _builder(data_cfg: ml_collections.ConfigDict) -> ListOpsBuilder:
+  return ListOpsBuilder(config=builder_config(data_cfg),
+                        data_dir=os.path.expanduser(data_cfg.data_dir))
 
 
-def prepare(data_cfg: ml_collections.ConfigDict) -> str:
-  """Builds the dataset for data_cfg if needed; returns its folder."""
-  return os.fspath(build(data_cfg).data_dir)
+def locate(data_cfg: ml_collections.ConfigDict) -> str | None:
+  """The folder of the released TSVs (the build's manual_dir), or None to generate.
+
+  The TSVs are looked for in the LRA release layout under `manual_dir`, then under `data_dir`;
+  with `generate=False` and no TSVs, the release is extracted from `manual_dir/lra_release.gz`
+  (or downloaded, with `download=True`).
+  """
+  if builder_config(data_cfg).name != RELEASED:
+    return None
+  released = _find_released(data_cfg)
+  if released:
+    return released
+  manual_dir = os.path.expanduser(data_cfg.manual_dir)
+  try:
+    extracted = archives.release_path(manual_dir, "listops-1000", download=data_cfg.download)
+  except archives.DataMissingError as e:
+    raise archives.DataMissingError(
+        f"ListOps TSVs ({', '.join(RELEASED_FILES.values())}) not found. {e} Or set "
+        f"data.generate=True to build the dataset from the ListOps generator.") from None
+  released = find_released(manual_dir)
+  if not released:
+    raise archives.CorruptArchiveError(
+        f"the listops-1000/ folder extracted to {extracted} lacks some of "
+        f"{', '.join(RELEASED_FILES.values())}; the archive is not the LRA release or is "
+        f"incomplete. Delete {extracted} and the archive and download it again from "
+        f"{RELEASE_URL}.")
+  return released
 
 
-def status(data_cfg: ml_collections.ConfigDict) -> builders.Status:
-  """Whether the dataset for data_cfg is prepared; if not, where it will come from."""
-  data_dir = os.path.expanduser(data_cfg.data_dir)
-  released = find_released(os.path.expanduser(data_cfg.manual_dir), data_dir)
+def _pending(data_cfg: ml_collections.ConfigDict, builder: ListOpsBuilder) -> builders.Status:
+  """The status before building: where the examples will come from."""
+  released = _find_released(data_cfg)
   if released or data_cfg.generate:
-    builder = ListOpsBuilder(config=builder_config(data_cfg), data_dir=data_dir)
-    if builder.is_prepared():
-      return builders.Status(NAME, True, os.fspath(builder.data_dir))
     origin = f"the released TSVs in {released}" if released else "the ListOps generator"
     return builders.Status(NAME, False, f"built from {origin} on first use (or by `lra data "
                                         f"prepare listops`).")
-  builder = ListOpsBuilder(config=ListOpsConfig(name="released"), data_dir=data_dir)
-  present = archives.find_release_path(data_cfg.manual_dir, "listops-1000") is not None
-  return builders.archive_status(NAME, builder, [(archives.LRA_RELEASE, data_cfg.manual_dir)],
+  manual_dir = os.path.expanduser(data_cfg.manual_dir)
+  present = archives.find_release_path(manual_dir, "listops-1000") is not None or \
+      os.path.isfile(os.path.join(manual_dir, archives.LRA_RELEASE.filename))
+  return builders.archive_status(NAME, builder, [(archives.LRA_RELEASE, manual_dir)],
                                  present=[present])
+
+
+# build/prepare/status: the TSVs are found (or extracted) only to build the released dataset.
+DATA = builders.TaskData(NAME, _builder, locate=locate, pending=_pending)
 
 
 def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.PaddedSource:
@@ -174,8 +178,8 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.Padd
   keep their first max_length tokens (as LRA does).
   """
   builders.check_split(NAME, split)
-  builder = build(data_cfg)
-  if (not builder.builder_config.released_dir
+  builder = DATA.build(data_cfg)
+  if (builder.builder_config.name != RELEASED
       and data_cfg.gen_max_length - 1 > data_cfg.max_length):
     log.warning("ListOps: generated examples have up to %d tokens but max_length is %d; longer "
                 "ones are truncated.", data_cfg.gen_max_length - 1, data_cfg.max_length)
@@ -183,7 +187,5 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.Padd
                                {"inputs": data_cfg.max_length})
 
 
-
-
 TASK = ClassificationTask(name=NAME, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
-                          get_source=get_source, prepare=prepare, status=status)
+                          get_source=get_source, prepare=DATA.prepare, status=DATA.status)
