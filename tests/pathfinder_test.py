@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import lra.data
-from configs import common, pathfinder as pathfinder_config, pathx as pathx_config
-from lra import metrics, train
+import task_helpers
+from configs import pathfinder as pathfinder_config, pathx as pathx_config
 from lra.data import archives, png
 from lra.tasks import pathfinder
 
@@ -79,11 +79,7 @@ def expected_splits(rows):
 def _cfg(tmp_path, module=pathfinder, **kw):
   cfg = (pathfinder_config.data_config("pathx", 128) if module is pathx
          else pathfinder_config.data_config())
-  cfg.data_dir = str(tmp_path / "data")
-  cfg.manual_dir = str(tmp_path / "manual")
-  cfg.download = False
-  cfg.update(kw)
-  return cfg
+  return task_helpers.local_data(cfg, tmp_path, kw)
 
 
 def check_dataset(cfg, rows, module=pathfinder):
@@ -108,13 +104,13 @@ def test_release_folder(tmp_path, capfd, monkeypatch):
   monkeypatch.setattr(pathfinder, "PROGRESS_EVERY", 5)
   rows = write_release(release_dir(tmp_path / "manual"))
   cfg = _cfg(tmp_path)
-  before = pathfinder.status(cfg)
+  before = pathfinder.TASK.status(cfg)
   assert not before.ready and release_dir(tmp_path / "manual") in before.detail
-  pathfinder.prepare(cfg)
+  pathfinder.TASK.prepare(cfg)
   err = capfd.readouterr().err
   assert "read 5 of 20 images" in err and "read 20 of 20 images" in err
   assert "dropped 1 empty (all-zero) image(s)" in err
-  after = pathfinder.status(cfg)
+  after = pathfinder.TASK.status(cfg)
   assert after.ready and "release32_hard" in after.detail
   check_dataset(cfg, rows)
   batch = pathfinder.get_source(cfg, "train").__getitems__([3, 1])
@@ -131,7 +127,7 @@ def test_extracted_from_lra_release_gz(tmp_path):
   tarball = str(tmp_path / "manual" / "lra_release.gz")
   write_release_tarball(tarball, str(tmp_path / "src"), "pathfinder32/curv_contour_length_14")
   cfg = _cfg(tmp_path)
-  status = pathfinder.status(cfg)
+  status = pathfinder.TASK.status(cfg)
   assert not status.ready and "input files are in place" in status.detail
   check_dataset(cfg, rows)
   assert os.path.isdir(release_dir(tmp_path / "manual"))
@@ -140,17 +136,12 @@ def test_extracted_from_lra_release_gz(tmp_path):
 
 def test_truncated_lra_release_leaves_nothing(tmp_path):
   write_release(str(tmp_path / "src"))
-  os.makedirs(tmp_path / "manual")
-  tarball = str(tmp_path / "manual" / "lra_release.gz")
-  write_release_tarball(tarball, str(tmp_path / "src"), "pathfinder32/curv_contour_length_14")
-  with open(tarball, "rb") as f:
-    data = f.read()
-  with open(tarball, "wb") as f:
-    f.write(data[:len(data) * 2 // 3])
   cfg = _cfg(tmp_path)
-  with pytest.raises(archives.CorruptArchiveError, match="truncated or corrupt"):
-    pathfinder.prepare(cfg)
-  assert pathfinder._builder(cfg, pathfinder.NAME).is_prepared() is False
+  task_helpers.check_truncated_archive(
+      pathfinder.TASK, cfg, str(tmp_path / "manual" / "lra_release.gz"),
+      lambda path: write_release_tarball(path, str(tmp_path / "src"),
+                                         "pathfinder32/curv_contour_length_14"),
+      match="truncated or corrupt", keep=2 / 3)
   assert not os.path.exists(release_dir(tmp_path / "manual"))
   assert not os.path.exists(os.path.join(cfg.data_dir, "lra_pathfinder", "release32_hard",
                                          "1.0.0"))
@@ -158,11 +149,9 @@ def test_truncated_lra_release_leaves_nothing(tmp_path):
 
 def test_missing_release_names_url_file_and_directory(tmp_path):
   cfg = _cfg(tmp_path)
-  status = pathfinder.status(cfg)
+  status = pathfinder.TASK.status(cfg)
   assert not status.ready and archives.LRA_RELEASE.url in status.detail
-  with pytest.raises(archives.DataMissingError) as err:
-    pathfinder.get_source(cfg, "train")
-  msg = str(err.value)
+  msg = task_helpers.missing_data_message(pathfinder.TASK, cfg, "dev")
   for part in (archives.LRA_RELEASE.url, "lra_release.gz", str(tmp_path / "manual"),
                "pathfinder32/curv_contour_length_14", "data.generate=True"):
     assert part in msg
@@ -170,14 +159,14 @@ def test_missing_release_names_url_file_and_directory(tmp_path):
   with pytest.raises(archives.DataMissingError, match="pathfinder128/curv_contour_length_14"):
     pathx.get_source(xcfg, "train")
   with pytest.raises(ValueError, match="valid: easy, intermediate, hard"):
-    pathfinder.status(_cfg(tmp_path, difficulty="medium"))
+    pathfinder.TASK.status(_cfg(tmp_path, difficulty="medium"))
 
 
 def test_difficulty_picks_the_folder(tmp_path):
   rows = write_release(release_dir(tmp_path / "manual", difficulty="curv_baseline"), seed=3)
   cfg = _cfg(tmp_path, difficulty="easy")
   check_dataset(cfg, rows)
-  assert "release32_easy" in pathfinder.status(cfg).detail
+  assert "release32_easy" in pathfinder.TASK.status(cfg).detail
 
 
 def test_bad_images_and_metadata_name_the_file(tmp_path):
@@ -186,19 +175,19 @@ def test_bad_images_and_metadata_name_the_file(tmp_path):
   bad = os.path.join(folder, "imgs", "2", "sample_4.png")
   png.write(bad, np.ones((16, 32), np.uint8))
   with pytest.raises(ValueError, match=r"sample_4.png is 32x16 pixels .*data.resolution is 32"):
-    pathfinder.prepare(_cfg(tmp_path))
+    pathfinder.TASK.prepare(_cfg(tmp_path))
   with open(bad, "wb") as f:
     f.write(b"\x89PNG\r\n\x1a\nbroken")
   with pytest.raises(archives.CorruptArchiveError, match="sample_4.png"):
-    pathfinder.prepare(_cfg(tmp_path))
+    pathfinder.TASK.prepare(_cfg(tmp_path))
   os.remove(bad)
   with pytest.raises(archives.CorruptArchiveError, match="sample_4.png is listed"):
-    pathfinder.prepare(_cfg(tmp_path))
+    pathfinder.TASK.prepare(_cfg(tmp_path))
   with open(os.path.join(folder, "metadata", "2.npy"), "a") as f:
     f.write("imgs/2 sample_11.png 11 7 0\n")
   with pytest.raises(archives.CorruptArchiveError, match=r"2.npy:11: label 7"):
-    pathfinder.prepare(_cfg(tmp_path))
-  assert not pathfinder.status(_cfg(tmp_path)).ready
+    pathfinder.TASK.prepare(_cfg(tmp_path))
+  assert not pathfinder.TASK.status(_cfg(tmp_path)).ready
 
 
 def test_generate_writes_the_release_layout_then_builds(tmp_path, monkeypatch):
@@ -217,13 +206,13 @@ def test_generate_writes_the_release_layout_then_builds(tmp_path, monkeypatch):
   monkeypatch.setattr(lra.data, "pathfinder_generator", fake, raising=False)
   cfg = _cfg(tmp_path, generate=True, num_generated=20, generator_seed=5,
              difficulty="intermediate")
-  assert "generated32_intermediate_n20_seed5" in pathfinder.status(cfg).detail
-  pathfinder.prepare(cfg)
+  assert "generated32_intermediate_n20_seed5" in pathfinder.TASK.status(cfg).detail
+  pathfinder.TASK.prepare(cfg)
   check_dataset(cfg, rows)
   assert calls == [(32, 20, 5, 9)]
   assert os.path.isdir(os.path.join(cfg.data_dir, "generated",
                                     "generated32_intermediate_n20_seed5", "imgs"))
-  assert pathfinder.status(cfg).ready
+  assert pathfinder.TASK.status(cfg).ready
   pathfinder.get_source(cfg, "test")
   assert len(calls) == 1  # built once
 
@@ -268,15 +257,7 @@ def test_configs_and_max_length_follows_resolution():
 def _tiny(c, data_cfg):
   for key in ("data_dir", "manual_dir", "download", "generate", "resolution"):
     c.data[key] = data_cfg[key]
-  c.model.emb_dim, c.model.qkv_dim, c.model.mlp_dim, c.model.classifier_dim = 16, 16, 32, 16
-  c.model.num_heads, c.model.num_layers = 2, 1
-  c.model.attention = dict(kind="band", **common.attention_defaults(
-      "band", window=4, max_length=int(c.data.max_length)))
-  c.batch_size, c.eval_batch_size = 8, 8
-  c.num_train_steps, c.warmup_steps = 2, 1
-  c.log_every, c.eval_every, c.checkpoint_every = 1, 100, 100
-  c.progress = False
-  return c
+  return task_helpers.tiny(c, kind="band", window=4, num_layers=1)
 
 
 @pytest.mark.parametrize("task", ["pathfinder", "pathx"])
@@ -288,8 +269,5 @@ def test_two_training_steps(task, tmp_path):
   data_cfg = _cfg(tmp_path, module, resolution=resolution)
   c = _tiny(config.get_config("size=small"), data_cfg)
   assert c.data.max_length == resolution ** 2
-  results = train.train_and_evaluate(c, str(tmp_path / "work"))
+  results = task_helpers.train_two_steps(c, str(tmp_path / "work"))
   assert results["task"] == task and results["test_examples"] == 2
-  losses = [r["loss"] for r in metrics.read_metrics(str(tmp_path / "work"))
-            if r["split"] == "train"]
-  assert len(losses) == 2 and np.all(np.isfinite(losses))

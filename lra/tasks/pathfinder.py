@@ -5,7 +5,8 @@ Release layout (the LRA release `lra_release.gz`, Kim, Linsley et al. 2020 gener
 `imgs/<batch>/sample_<i>.png` and `metadata/<batch>.npy`. Despite the suffix the metadata files are
 text: one line per image, whitespace-separated, `imgs/<batch> sample_<i>.png <i> <label> ...`;
 the image path is fields 0 and 1 joined, the label is field 3. The folder is found (or extracted
-from `manual_dir/lra_release.gz`) by `archives.release_path`.
+from `manual_dir/lra_release.gz`) by `archives.release_path`, and the builder reads it as tfds'
+manual_dir.
 
 Settings (`data.*`, see configs/pathfinder.py): `difficulty` easy (curv_baseline), intermediate
 (curv_contour_length_9) or hard (curv_contour_length_14, what LRA used for Pathfinder at 32x32
@@ -168,46 +169,32 @@ class _Progress:
 
 @dataclasses.dataclass
 class PathfinderConfig(tfds.core.BuilderConfig):
-  """`folder`: a release-layout folder (needed only to build); `resolution`: its image size."""
-  folder: str = ""
+  """`resolution`: the image size of the origin in the name; `task`: the name in messages."""
   resolution: int = 32
   task: str = NAME
 
 
-class PathfinderBuilder(builders.Builder, skip_registration=True):
-  """Pathfinder pixels (uint8 [res * res], raw values, row-major) and an int32 label."""
+class PathfinderBuilder(builders.LabelledBuilder, skip_registration=True):
+  """Pathfinder pixels (uint8 [res * res], raw values, row-major) and an int32 label, from a
+  release-layout folder (the manual_dir); stored in the permuted order."""
 
   name = "lra_pathfinder"
   RELEASE_NOTES = {"1.0.0": "LRA release layout or generated; 80/10/10 seeded split."}
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "inputs": builders.token_feature(),   # gray levels 0..255, row-major
-            "targets": tfds.features.Tensor(shape=(), dtype=np.int32),
-        }),
-        homepage="https://github.com/google-research/long-range-arena",
-        disable_shuffling=True,                   # keep the permuted order
-    )
+  HOMEPAGE = "https://github.com/google-research/long-range-arena"
 
   def _split_generators(self, dl_manager):
-    del dl_manager
-    cfg = self.builder_config
-    if not cfg.folder:
-      raise ValueError("PathfinderBuilder needs the image folder in its config; use build().")
-    splits = split_rows(read_metadata(cfg.folder))
-    progress = _Progress(cfg.task, sum(len(r) for r in splits.values()))
-    return {split: self._generate_examples(split, rows, progress)
+    folder = os.fspath(dl_manager.manual_dir)
+    splits = split_rows(read_metadata(folder))
+    progress = _Progress(self.builder_config.task, sum(len(r) for r in splits.values()))
+    return {split: self._generate_examples(folder, split, rows, progress)
             for split, rows in splits.items()}
 
-  def _generate_examples(self, split: str, rows: list[Row], progress: _Progress
+  def _generate_examples(self, folder: str, split: str, rows: list[Row], progress: _Progress
                          ) -> Iterator[tuple[int, dict]]:
     cfg = self.builder_config
     empty = 0
     for i, row in enumerate(rows):
-      image = read_image(cfg.folder, row, cfg.resolution)   # [R, R]
+      image = read_image(folder, row, cfg.resolution)   # [R, R]
       progress.step()
       if not image.any():
         empty += 1
@@ -247,12 +234,11 @@ def _origin(data_cfg: ml_collections.ConfigDict) -> tuple[str, str | None]:
   return generated_name(data_cfg), folder if os.path.isdir(folder) else None
 
 
-def _builder(data_cfg: ml_collections.ConfigDict, task: str, folder: str = ""
-             ) -> PathfinderBuilder:
+def _builder(data_cfg: ml_collections.ConfigDict, task: str) -> PathfinderBuilder:
   name, _ = _origin(data_cfg)
   return PathfinderBuilder(
-      config=PathfinderConfig(name=name, folder=folder, resolution=int(data_cfg.resolution),
-                              task=task, description=f"{task} images from {folder or name}."),
+      config=PathfinderConfig(name=name, resolution=int(data_cfg.resolution), task=task,
+                              description=f"{task} images ({name})."),
       data_dir=os.path.expanduser(data_cfg.data_dir))
 
 
@@ -281,42 +267,31 @@ def generate(data_cfg: ml_collections.ConfigDict, folder: str) -> str:
   return folder
 
 
-def build(data_cfg: ml_collections.ConfigDict, task: str = NAME) -> PathfinderBuilder:
-  """Prepares the dataset for data_cfg if it is not there yet; returns the builder.
+def locate(data_cfg: ml_collections.ConfigDict, task: str) -> str:
+  """The release-layout folder of data_cfg's images (the build's manual_dir).
 
   Uses the extracted release folder when present; otherwise generates the images
   (data.generate) or extracts the folder from lra_release.gz (downloading it with
   data.download); raises DataMissingError saying what to get when none of these is possible.
   """
-  builder = _builder(data_cfg, task)
-  if builder.is_prepared():
-    return builder
   name, folder = _origin(data_cfg)
-  if folder is None and data_cfg.generate:
-    folder = generate(data_cfg, os.path.join(os.path.expanduser(data_cfg.data_dir),
-                                             "generated", name))
-  elif folder is None:
-    relpath = release_relpath(data_cfg)
-    try:
-      folder = archives.release_path(data_cfg.manual_dir, relpath,
-                                     download=data_cfg.download)
-    except archives.DataMissingError as e:
-      raise archives.DataMissingError(
-          f"{task}: the Pathfinder images ({relpath}/imgs and metadata) were not found. {e} Or "
-          f"set data.generate=True to generate them.") from None
-  return builders.prepare(_builder(data_cfg, task, folder), task)
+  if folder:
+    return folder
+  if data_cfg.generate:
+    return generate(data_cfg, os.path.join(os.path.expanduser(data_cfg.data_dir), "generated",
+                                           name))
+  relpath = release_relpath(data_cfg)
+  try:
+    return archives.release_path(data_cfg.manual_dir, relpath, download=data_cfg.download)
+  except archives.DataMissingError as e:
+    raise archives.DataMissingError(
+        f"{task}: the Pathfinder images ({relpath}/imgs and metadata) were not found. {e} Or "
+        f"set data.generate=True to generate them.") from None
 
 
-def prepare(data_cfg: ml_collections.ConfigDict, task: str = NAME) -> str:
-  """Builds the dataset for data_cfg if needed; returns its folder."""
-  return os.fspath(build(data_cfg, task).data_dir)
-
-
-def status(data_cfg: ml_collections.ConfigDict, task: str = NAME) -> builders.Status:
-  """Whether the dataset is prepared; if not, where its images will come from."""
-  builder = _builder(data_cfg, task)
-  if builder.is_prepared():
-    return builders.Status(task, True, os.fspath(builder.data_dir))
+def _pending(data_cfg: ml_collections.ConfigDict, builder: PathfinderBuilder, task: str
+             ) -> builders.Status:
+  """The status before building: where the images will come from."""
   name, folder = _origin(data_cfg)
   later = f"on first use (or by `lra data prepare {task}`)"
   if folder:
@@ -328,6 +303,16 @@ def status(data_cfg: ml_collections.ConfigDict, task: str = NAME) -> builders.St
                          archives.LRA_RELEASE.filename)
   return builders.archive_status(task, builder, [(archives.LRA_RELEASE, data_cfg.manual_dir)],
                                  present=[os.path.isfile(tarball)])
+
+
+def task_data(task: str) -> builders.TaskData:
+  """build/prepare/status of `task` (pathfinder or pathx); images are found only to build."""
+  return builders.TaskData(
+      task, functools.partial(_builder, task=task), locate=functools.partial(locate, task=task),
+      pending=functools.partial(_pending, task=task))
+
+
+DATA = {NAME: task_data(NAME), "pathx": task_data("pathx")}
 
 
 def get_source(data_cfg: ml_collections.ConfigDict, split: str,
@@ -342,7 +327,7 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str,
     raise ValueError(f"{task}: data.max_length is {data_cfg.max_length} but the images have "
                      f"{length} pixels at data.resolution={data_cfg.resolution}; change "
                      f"data.resolution (max_length follows it) or set data.max_length={length}.")
-  builder = build(data_cfg, task)
+  builder = DATA[task].build(data_cfg)
   return builders.PaddedSource(builder.as_data_source(split=split), {"inputs": length},
                                offset=builders.BYTE_OFFSET)
 
@@ -350,8 +335,8 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str,
 def _task(name: str) -> ClassificationTask:
   return ClassificationTask(
       name=name, vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
-      get_source=functools.partial(get_source, task=name),
-      prepare=functools.partial(prepare, task=name), status=functools.partial(status, task=name))
+      get_source=functools.partial(get_source, task=name), prepare=DATA[name].prepare,
+      status=DATA[name].status)
 
 
 TASK = _task(NAME)
