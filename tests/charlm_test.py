@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 import configs
+import task_helpers
 from launch import cli
 from lra import checkpoint, phases, tasks, train
 from configs import charlm as charlm_config
@@ -60,14 +61,8 @@ def write_zip(manual_dir, corpus: charlm.Corpus, data: bytes,
 
 
 def data_cfg(task, tmp_path, sizes=(900, 60, 40), **kw):
-  c = charlm_config.data_config(task.name)
-  c.data_dir = str(tmp_path / "data")
-  c.manual_dir = str(tmp_path / "manual")
-  c.download = False
-  c.split_sizes = sizes
-  for k, v in kw.items():
-    c[k] = v
-  return c
+  return task_helpers.local_data(charlm_config.data_config(task.name), tmp_path,
+                                 {"split_sizes": sizes, **kw})
 
 
 def tiny_config(task, tmp_path, sizes=(900, 60, 40), **overrides):
@@ -79,18 +74,8 @@ def tiny_config(task, tmp_path, sizes=(900, 60, 40), **overrides):
   c.model.num_heads, c.model.num_layers = 2, 2
   c.model.layer_attention = ({"window": 2, "dilation": 1}, {"window": 3, "dilation": (1, 2)})
   c.model.attention = {"kind": "band", "window": 3}
-  c.batch_size, c.eval_batch_size = 8, 8
-  c.num_train_steps, c.warmup_steps = 2, 1
-  c.log_every, c.eval_every, c.checkpoint_every = 1, 100, 100
-  c.progress = False
   c.phases = ()
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return task_helpers.override(task_helpers.short_run(c), overrides)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,7 +133,7 @@ def test_dataset_from_the_zip_recovers_each_split(task, make, tmp_path, monkeypa
   cfg = data_cfg(task, tmp_path, max_length=100, eval_length=0, eval_context=50)
   folder = task.prepare(cfg)
   assert folder.endswith(os.path.join("char_lm", f"{task.name}_split900_60_40", "1.0.0"))
-  builder = charlm.resolve(corpus(task), cfg)
+  builder = charlm.resolve(corpus(task), cfg)[0]
   for split, (a, b) in zip(builders.SPLITS, [(0, 900), (900, 960), (960, 1000)]):
     assert charlm.read_stream(builder, split).tobytes() == data[a:b]
   assert len(builder.as_data_source(split="train")) == math.ceil(900 / 64)
@@ -182,11 +167,11 @@ def test_corrupt_or_wrong_archives_leave_no_dataset(tmp_path):
   open(path, "wb").write(bytes(raw))
   with pytest.raises(archives.CorruptArchiveError, match="enwik8.zip is truncated or corrupt"):
     enwik8.prepare(cfg)
-  assert charlm.resolve(corpus(enwik8), cfg).is_prepared() is False
+  assert charlm.resolve(corpus(enwik8), cfg)[0].is_prepared() is False
   open(path, "wb").write(bytes(raw[:len(raw) // 2]))  # truncated
   with pytest.raises(archives.CorruptArchiveError, match="download it again from http"):
     enwik8.prepare(cfg)
-  assert charlm.resolve(corpus(enwik8), cfg).is_prepared() is False
+  assert charlm.resolve(corpus(enwik8), cfg)[0].is_prepared() is False
   with zipfile.ZipFile(path, "w") as z:                # a zip without the `enwik8` member
     z.writestr("enwik9", data)
   with pytest.raises(archives.CorruptArchiveError, match="no member 'enwik8'"):
@@ -195,7 +180,7 @@ def test_corrupt_or_wrong_archives_leave_no_dataset(tmp_path):
   standard = data_cfg(enwik8, tmp_path, sizes=charlm.STANDARD_SPLIT)
   with pytest.raises(ValueError, match="data.split_sizes"):
     enwik8.prepare(standard)
-  assert charlm.resolve(corpus(enwik8), standard).is_prepared() is False
+  assert charlm.resolve(corpus(enwik8), standard)[0].is_prepared() is False
   assert not os.path.exists(tmp_path / "data" / "char_lm" / "enwik8" / "1.0.0")
 
 

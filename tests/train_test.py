@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import attention
+import task_helpers
 from configs import common, listops as listops_config
 from lra import metrics, tasks, train
 
@@ -37,13 +38,7 @@ def tiny_config(data_dir, kind="dot_product", **overrides):
   c.num_train_steps, c.warmup_steps = 2, 1
   c.log_every, c.eval_every, c.checkpoint_every = 1, 100, 100  # final eval and save only
   c.progress = False
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return task_helpers.override(c, overrides)
 
 
 def train_losses(workdir):

@@ -11,7 +11,9 @@ Storage: one tfds builder (array_record) whose three splits each hold the split'
 sequence of `CHUNK_BYTES` chunks, `{"index": chunk number, "bytes": uint8 [<= CHUNK_BYTES]}`,
 written in stream order with shuffling disabled; the reader sorts by `index` and concatenates,
 so the stream is recovered exactly whatever the storage order. Byte v is token id v + 1
-(`builders.BYTE_OFFSET`), VOCAB_SIZE 257, id 0 padding: a NUL byte is data.
+(`builders.BYTE_OFFSET`), VOCAB_SIZE 257, id 0 padding: a NUL byte is data. The builder reads
+the archive from tfds' manual_dir, the folder `archives.locate` found it in (or downloaded it
+to).
 
 Examples (`{"inputs", "targets", "mask"}`, int32 [L] each): a window starting at s has inputs
 stream[s : s + L] + 1 and targets stream[s + 1 : s + L + 1] + 1; `mask` is 1 at the positions
@@ -135,9 +137,8 @@ def split_bounds(total: int, split_sizes: Sequence[int] | None) -> list[tuple[in
 
 @dataclasses.dataclass
 class CharLMConfig(tfds.core.BuilderConfig):
-  """Where the text comes from: a corpus archive, or the fallback corpus (`archive_path` empty)."""
+  """Where the text comes from: the corpus archive (in the manual_dir), or the fallback corpus."""
   corpus: str = ""
-  archive_path: str = ""
   split_sizes: tuple = ()       # () = 90/5/5 by position (the fallback corpus)
   fallback: bool = False
 
@@ -160,19 +161,15 @@ class CharLMBuilder(builders.Builder, skip_registration=True):
         disable_shuffling=True,
     )
 
-  def _text(self) -> np.ndarray:
+  def _split_generators(self, dl_manager):
     cfg = self.builder_config
     corpus = CORPORA[cfg.corpus]
     if cfg.fallback:
       data = fallback_text(corpus)
     else:
-      data = archives.zip_member(cfg.archive_path, corpus.member, corpus.archive)
-    return np.frombuffer(data, np.uint8)
-
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    cfg = self.builder_config
-    text = self._text()
+      path = os.fspath(dl_manager.manual_dir / corpus.archive.filename)
+      data = archives.zip_member(path, corpus.member, corpus.archive)
+    text = np.frombuffer(data, np.uint8)
     bounds = split_bounds(text.size, None if cfg.fallback else cfg.split_sizes)
     return {split: self._generate_examples(text[a:b])
             for split, (a, b) in zip(builders.SPLITS, bounds)}
@@ -182,14 +179,13 @@ class CharLMBuilder(builders.Builder, skip_registration=True):
       yield index, {"index": np.int64(index), "bytes": stream[start:start + CHUNK_BYTES]}
 
 
-def archive_config(corpus: Corpus, data_cfg: ml_collections.ConfigDict,
-                   archive_path: str = "") -> CharLMConfig:
+def archive_config(corpus: Corpus, data_cfg: ml_collections.ConfigDict) -> CharLMConfig:
   """The builder config for the archive: named after the corpus (and non-standard splits)."""
   sizes = tuple(int(s) for s in data_cfg.split_sizes)
   name = corpus.name if sizes == STANDARD_SPLIT else (
       f"{corpus.name}_split{'_'.join(str(s) for s in sizes)}")
-  return CharLMConfig(name=name, corpus=corpus.name, archive_path=archive_path,
-                      split_sizes=sizes, description=f"{corpus.archive.filename}, splits {sizes}.")
+  return CharLMConfig(name=name, corpus=corpus.name, split_sizes=sizes,
+                      description=f"{corpus.archive.filename}, splits {sizes}.")
 
 
 def fallback_config(corpus: Corpus) -> CharLMConfig:
@@ -212,14 +208,16 @@ def _note_fallback(corpus: Corpus, manual_dir: str, size: int) -> None:
         f"{os.path.join(manual_dir, corpus.archive.filename)}.", file=sys.stderr, flush=True)
 
 
-def resolve(corpus: Corpus, data_cfg: ml_collections.ConfigDict) -> CharLMBuilder:
-  """The builder for data_cfg: the archive's dataset (prepared, or from the archive), else the
-  fallback corpus when data.fallback is set; raises DataMissingError otherwise."""
+def resolve(corpus: Corpus, data_cfg: ml_collections.ConfigDict
+            ) -> tuple[CharLMBuilder, str | None]:
+  """(builder, manual_dir) for data_cfg: the archive's dataset (prepared, or with the folder of
+  the archive, found or downloaded), else the fallback corpus (no manual_dir) when
+  data.fallback is set; raises DataMissingError otherwise."""
   data_dir = os.path.expanduser(data_cfg.data_dir)
   manual_dir = os.path.expanduser(data_cfg.manual_dir)
   builder = CharLMBuilder(config=archive_config(corpus, data_cfg), data_dir=data_dir)
   if builder.is_prepared():
-    return builder
+    return builder, None
   try:
     path = archives.locate(corpus.archive, manual_dir, download=bool(data_cfg.download))
   except archives.DataMissingError as e:
@@ -229,13 +227,14 @@ def resolve(corpus: Corpus, data_cfg: ml_collections.ConfigDict) -> CharLMBuilde
           f"demo, not the benchmark).") from None
     config = fallback_config(corpus)
     _note_fallback(corpus, manual_dir, len(fallback_text(corpus)))
-    return CharLMBuilder(config=config, data_dir=data_dir)
-  return CharLMBuilder(config=archive_config(corpus, data_cfg, path), data_dir=data_dir)
+    return CharLMBuilder(config=config, data_dir=data_dir), None
+  return builder, os.path.dirname(path)
 
 
 def build(corpus: Corpus, data_cfg: ml_collections.ConfigDict) -> CharLMBuilder:
   """Prepares the dataset for data_cfg if it is not there yet; returns its builder."""
-  return builders.prepare(resolve(corpus, data_cfg), corpus.name)
+  builder, manual_dir = resolve(corpus, data_cfg)
+  return builders.prepare(builder, corpus.name, manual_dir)
 
 
 def prepare(corpus: Corpus, data_cfg: ml_collections.ConfigDict) -> str:
