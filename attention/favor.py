@@ -11,23 +11,36 @@ by Gram-Schmidt, see `orthonormal_columns`; rows rescaled by the norms of indepe
 vectors as in the paper), or i.i.d. Redrawing is the caller's choice: call it again with a new
 key.
 
-Numerical stabilisation, and why it is causal-safe. The exponents can be large, so each side is
-shifted before `exp`, by amounts that cancel exactly:
-  * query i is shifted by the max over features of its own exponents: a per-query factor, which
-    cancels between numerator and denominator of that query;
-  * key j is shifted by its own max s_j, and the factor exp(s_j) is given back in the sums
-    relative to a reference. Bidirectionally the reference is the max of s over the real keys of
-    the sequence (one factor per sequence and head, cancels). Causally it is the running max
-    M_i = max_{j <= i} s_j: key j enters query i's sums with weight exp(s_j - M_i) <= 1, a
-    per-query factor that cancels, and M_i depends on no position after i. (The reference code
-    takes the key max over all positions and adds an epsilon after the shift, so future keys
-    change past outputs.)
-All feature math is float32 whatever the input dtype, and no additive epsilon is used, so the
-estimate is exactly the ratio of the feature sums.
+Numerical stabilisation, and why it is causal-safe. With a_ir = w_r.q_i' and
+b_jr = w_r.k_j' - |k_j'|^2 / 2 (q_i's own -|q_i'|^2 / 2 is a factor of query i alone and cancels,
+so it is left out), the estimate is
+
+    out_i = sum_j sum_r exp(a_ir + b_jr) v_j / sum_j sum_r exp(a_ir + b_jr).
+
+The exponents span far more than float32's range at large norms, and a query's largest a_ir and
+a key's largest b_jr rarely fall on the same feature r, so every sum is taken relative to
+per-feature references y_r of its keys: keys enter as exp(b_jr - y_r) with y_r the max of b_r over
+the keys of the sum (<= 1, and 1 for that key), queries as exp(a_ir + y_r - x_i) with
+x_i = max_r (a_ir + y_r) (<= 1, and 1 at that feature). y cancels in the product and x_i between
+numerator and denominator, so both are constants for autodiff (`stop_gradient`, exact), and a
+denominator is >= 1 whenever the query has a real key: nothing the backward divides by can
+underflow. (Shifting each query and each key by its own max, as before, left denominators in
+(0, 1e-19) or at 0 at 10x standard-normal inputs: NaN gradients, rows silently 0.)
+Bidirectionally y is the per-feature max over the sequence's real keys. Causally the keys of
+every sum lie at or before all of its queries, so no position depends on a later one, bit for
+bit: query i with key i; inside a chunk (a power of two), for s = C/2, ..., 2, 1, the right half
+of every block of 2 s positions with the left half's keys (each pair j < i of a chunk falls in
+exactly one such block); earlier chunks through per-chunk states carried relative to the running
+per-feature max of the chunks before. A query's parts are added relative to the largest of their
+log-scales x. This costs one `exp` per query and feature per level (log2(C) levels) where the
+earlier scheme had one in all. (The reference code takes the key max over all positions and adds
+an epsilon after the shift, so future keys change past outputs.)
+All feature math is float32 whatever the input dtype (the projection at `Precision.HIGHEST`),
+and no additive epsilon is used, so the estimate is exactly the ratio of the feature sums.
 
 Padding: padded keys get zero features (the exponent is masked before `exp`, so gradients stay
 finite) and zero values, so they are absent from numerator and denominator; they do not take part
-in the key max either. A query with no real key outputs exactly 0; with self-attention lengths,
+in the key maxima either. A query with no real key outputs exactly 0; with self-attention lengths,
 padded queries output 0.
 
 `kernel="relu"` is the Performer's "generalized" attention: phi(x) = relu(W x') + 1e-3 (no
@@ -132,7 +145,8 @@ def favor_attention(q, k, v, *, features, causal: bool = False, key_mask=None,
     key_mask: optional bool `[B, Lk]`, True = real key; padded keys are removed from the
       feature sums. With Lq == Lk, padded queries output 0.
     chunk_size: chunk length of the causal prefix sums (None: `attention.linear`'s default);
-      unused when not causal.
+      the softmax kernel takes the largest power of two <= chunk_size (and no longer than the
+      sequence needs). Unused when not causal.
     kernel: "softmax" (positive random features, unbiased for softmax) or "relu" (generalized
       attention, phi = relu(W x') + 1e-3).
 
@@ -149,11 +163,14 @@ def favor_attention(q, k, v, *, features, causal: bool = False, key_mask=None,
                 kernel=kernel)
 
 
-def _softmax_exponents(x, w):
-  """w_r.x' - |x'|^2 / 2 for x' = x d^{-1/4}: `[B, H, L, D]` -> float32 `[B, H, L, m]`."""
+def _log_features(x, w, *, with_norm: bool):
+  """Exponents w_r.x' (- |x'|^2 / 2 if `with_norm`), x' = x d^{-1/4}: `[B, H, L, D]` -> float32
+  `[B, H, L, m]`. The projection runs at full float32 precision: an error in an exponent is a
+  relative error of the feature, and default-precision matmuls (TF32 on GPUs, bfloat16 passes on
+  TPUs) would err by ~1e-3 of |w| |x'|, units of the exponent at large norms."""
   x = x.astype(jnp.float32) * (x.shape[-1] ** -0.25)
-  proj = jnp.einsum("bhld,md->bhlm", x, w)
-  return proj - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+  proj = jnp.einsum("bhld,md->bhlm", x, w, precision=jax.lax.Precision.HIGHEST)
+  return proj - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True) if with_norm else proj
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "chunk", "kernel"))
@@ -162,7 +179,8 @@ def _favor(q, k, v, features, key_mask, *, causal: bool, chunk: int, kernel: str
   w = features.astype(jnp.float32)                                 # [m, D]
   q, k, v = head_major(q), head_major(k), head_major(v).astype(jnp.float32)  # [B, H, L, D]
   real = None if key_mask is None else key_mask[:, None, :, None]  # [B, 1, Lk, 1]
-  log_scale = None
+  if real is not None:
+    v = jnp.where(real, v, 0.0)
   if kernel == "relu":
     scale = q.shape[-1] ** -0.25
     phi_q = jax.nn.relu(jnp.einsum("bhld,md->bhlm", q.astype(jnp.float32) * scale, w))
@@ -170,28 +188,142 @@ def _favor(q, k, v, features, key_mask, *, causal: bool, chunk: int, kernel: str
     phi_q, phi_k = phi_q + RELU_EPSILON, phi_k + RELU_EPSILON
     if real is not None:
       phi_k = jnp.where(real, phi_k, 0.0)
-  else:
-    eq = _softmax_exponents(q, w)                                  # [B, H, Lq, m]
-    phi_q = jnp.exp(eq - jax.lax.stop_gradient(jnp.max(eq, axis=-1, keepdims=True)))
-    ek = _softmax_exponents(k, w)                                  # [B, H, Lk, m]
-    s = jax.lax.stop_gradient(jnp.max(ek, axis=-1, keepdims=True))  # [B, H, Lk, 1] per key
-    if real is not None:
-      s = jnp.where(real, s, NEG_INF)
     if causal:
-      shifted = ek - s                                             # key j relative to its max
-      log_scale = s[..., 0]                                        # [B, H, Lk]
+      out = linear.causal_linear_attention(phi_q, phi_k, v, chunk)
     else:
-      ref = jnp.max(s, axis=2, keepdims=True)                      # [B, H, 1, 1] real keys
-      shifted = ek - jnp.where(ref > NEG_INF / 2, ref, 0.0)
-    if real is not None:
-      shifted = jnp.where(real, shifted, NEG_INF)                  # masked before exp
-    phi_k = jnp.exp(shifted)
-  if real is not None:
-    v = jnp.where(real, v, 0.0)
-  if causal:
-    out = linear.causal_linear_attention(phi_q, phi_k, v, chunk, key_log_scale=log_scale)
+      out = linear.bidirectional_linear_attention(phi_q, phi_k, v)
   else:
-    out = linear.bidirectional_linear_attention(phi_q, phi_k, v)
+    # |q'|^2 / 2 is a factor of query i alone: it cancels, and is left out.
+    a = _log_features(q, w, with_norm=False)                       # [B, H, Lq, m]
+    b = _log_features(k, w, with_norm=True)                        # [B, H, Lk, m]
+    if real is not None:
+      b = jnp.where(real, b, NEG_INF)                              # masked before any exp
+    if causal:
+      if real is None:
+        real = jnp.ones((1, 1, k.shape[2], 1), bool)
+      out = _causal_softmax(a, b, v, real[..., 0], _power_of_two_chunk(chunk, k.shape[2]))
+    else:
+      out = _bidirectional_softmax(a, b, v, real)
   if key_mask is not None and q.shape[2] == k.shape[2]:
     out = jnp.where(key_mask[:, None, :, None], out, 0.0)
   return head_major(out).astype(q.dtype)                           # [B, Lq, H, Dv]
+
+
+def _bidirectional_softmax(a, b, v, real):
+  """Positive-feature attention from exponents a `[B, H, Lq, m]`, b `[B, H, Lk, m]`."""
+  y = jax.lax.stop_gradient(jnp.max(b, axis=2, keepdims=True))     # [B, H, 1, m] per feature
+  phi_k = jnp.exp(b - y)                                           # <= 1, max 1 in every column
+  if real is not None:
+    phi_k = jnp.where(real, phi_k, 0.0)
+  x = jax.lax.stop_gradient(jnp.max(a + y, axis=-1, keepdims=True))  # [B, H, Lq, 1] per query
+  phi_q = jnp.exp(a + y - x)                                       # <= 1, max 1 in every row
+  return linear.bidirectional_linear_attention(phi_q, phi_k, v)
+
+
+def _power_of_two_chunk(chunk: int, length: int) -> int:
+  """The largest power of two <= chunk, and no larger than the power of two >= length."""
+  return min(1 << (chunk.bit_length() - 1), 1 << max(0, (length - 1).bit_length()))
+
+
+def _merge(acc, part):
+  """Adds two partial sums (num `[..., Dv]`, den `[...]`, log-scale x `[...]`) of one query."""
+  (num0, den0, x0), (num1, den1, x1) = acc, part
+  x = jnp.maximum(x0, x1)
+  w0, w1 = jnp.exp(x0 - x), jnp.exp(x1 - x)
+  return num0 * w0[..., None] + num1 * w1[..., None], den0 * w0 + den1 * w1, x
+
+
+def _causal_softmax(a, b, v, real, chunk: int):
+  """Causal positive-feature attention from exponents a, b `[B, H, L, m]` (b = NEG_INF at
+  padded keys), v `[B, H, L, Dv]` (0 at padded keys), real `[B, 1, L]`; chunk a power of two.
+
+  Every feature sum is taken relative to the per-feature max of its keys, and all those keys lie
+  at or before every query of the sum: query i with key i (`_diagonal`); inside each dyadic block
+  of 2 s positions of a chunk, the right half's queries with the left half's keys, for
+  s = 1, 2, ..., C / 2; earlier chunks through states carried relative to their running
+  per-feature max. The parts are added per query relative to their largest log-scale.
+  """
+  bsz, h, length, _ = a.shape
+  n = -(-length // chunk)
+  pad = n * chunk - length
+
+  def to_chunks(x, fill):  # [B, H, L, ...] -> [B, H, N, C, ...]
+    x = jnp.pad(x, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 3), constant_values=fill)
+    return x.reshape(x.shape[:2] + (n, chunk) + x.shape[3:])
+
+  a, b, v = to_chunks(a, 0.0), to_chunks(b, NEG_INF), to_chunks(v, 0.0)   # [B, H, N, C, .]
+  real = to_chunks(real, False)                                    # [B, 1, N, C]
+  acc = _diagonal(a, b, v, real)
+  # Blocks of `size` keys, bottom-up: y [B, H, N, C / size, m] the max of each block's real keys;
+  # phi_k [B, H, N, C, m] every key relative to its block's max (<= 1). Size 1: exp(b - b) = 1,
+  # written 1 + (b - b) to keep the derivative of exp at 0 without computing an exp.
+  y = jax.lax.stop_gradient(b)
+  phi_k = jnp.where(real[..., None], 1.0 + (b - y), 0.0)
+  size = 1
+  while size < chunk:
+    acc = _merge(acc, _left_to_right(a, phi_k, y, v, size))
+    # Up one level: a key's feature relative to its block of 2 * size. Only terms below 1e-38
+    # of the block's largest (which the same queries see) can underflow.
+    pairs = y.reshape(y.shape[:3] + (-1, 2) + y.shape[4:])         # [B, H, N, G, 2, m]
+    y = jnp.max(pairs, axis=4)                                     # [B, H, N, G, m]
+    scale = jnp.exp(pairs - y[:, :, :, :, None])                   # <= 1, no gradient
+    phi_k = (phi_k.reshape(pairs.shape[:5] + (size, -1)) * scale[:, :, :, :, :, None]).reshape(
+        phi_k.shape)
+    size *= 2
+  if n > 1:
+    acc = _merge(acc, _earlier_chunks(a, phi_k, y[:, :, :, 0], v))
+  num, den, _ = acc
+  has = den > 0                                                    # >= 1 when any real key
+  out = jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
+  return out.reshape(bsz, h, n * chunk, -1)[:, :, :length]
+
+
+def _diagonal(a, b, v, real):
+  """Query i with key i, exactly: the largest term of the feature sum is 1."""
+  e = a + b                                                        # [B, H, N, C, m]
+  x = jax.lax.stop_gradient(jnp.max(e, axis=-1))                   # [B, H, N, C]
+  den = jnp.where(real, jnp.sum(jnp.exp(e - x[..., None]), axis=-1), 0.0)
+  return den[..., None] * v, den, x
+
+
+def _left_to_right(a, phi_k, y, v, size: int):
+  """In blocks of 2 * size positions, right-half queries with left-half keys: phi_k relative to
+  y, the per-feature max of the left half (whose keys all come before the queries)."""
+  bsz, h, n, chunk, _ = a.shape
+  blocks = chunk // (2 * size)
+  split = lambda x: x.reshape(x.shape[:3] + (blocks, 2, size) + x.shape[4:])
+  aq, kl, vk = split(a)[:, :, :, :, 1], split(phi_k)[:, :, :, :, 0], split(v)[:, :, :, :, 0]
+  ref = y.reshape(y.shape[:3] + (blocks, 2, 1) + y.shape[4:])[:, :, :, :, 0]  # [B, H, N, G, 1, m]
+  x = jax.lax.stop_gradient(jnp.max(aq + ref, axis=-1))           # [B, H, N, G, S]
+  phi_q = jnp.exp(aq + ref - x[..., None])                         # <= 1, max 1 in every row
+  p = jnp.einsum("bhngim,bhngjm->bhngij", phi_q, kl)               # [B, H, N, G, S, S]
+  num, den = jnp.einsum("bhngij,bhngjd->bhngid", p, vk), jnp.sum(p, axis=-1)
+  right = lambda x, fill: jnp.stack([jnp.full_like(x, fill), x], axis=4).reshape(
+      (bsz, h, n, chunk) + x.shape[5:])                            # left halves get nothing
+  return right(num, 0.0), right(den, 0.0), right(x, NEG_INF)
+
+
+def _earlier_chunks(a, phi_k, t, v):
+  """Queries of chunk n with the keys of chunks < n: per-chunk states (S, z) of phi_k (relative
+  to the chunk's per-feature max t `[B, H, N, m]`), carried relative to their running max."""
+  states = jnp.einsum("bhncm,bhncd->bhnmd", phi_k, v)              # [B, H, N, m, Dv]
+  sums = jnp.sum(phi_k, axis=3)                                    # [B, H, N, m]
+
+  def step(carry, xs):
+    s_acc, z_acc, t_acc = carry
+    s_n, z_n, t_n = xs
+    t_new = jnp.maximum(t_acc, t_n)
+    old, new = jnp.exp(t_acc - t_new), jnp.exp(t_n - t_new)        # [B, H, m] <= 1
+    carry = (s_acc * old[..., None] + s_n * new[..., None], z_acc * old + z_n * new, t_new)
+    return carry, (s_acc, z_acc, t_acc)
+
+  init = (jnp.zeros_like(states[:, :, 0]), jnp.zeros_like(sums[:, :, 0]),
+          jnp.full_like(t[:, :, 0], NEG_INF))
+  _, prev = jax.lax.scan(step, init, tuple(jnp.moveaxis(x, 2, 0) for x in (states, sums, t)))
+  prev_s, prev_z, prev_t = (jnp.moveaxis(x, 0, 2) for x in prev)
+  ref = prev_t[:, :, :, None]                                      # [B, H, N, 1, m]
+  x = jax.lax.stop_gradient(jnp.max(a + ref, axis=-1))            # [B, H, N, C]
+  phi_q = jnp.exp(a + ref - x[..., None])
+  num = jnp.einsum("bhncm,bhnmd->bhncd", phi_q, prev_s)
+  den = jnp.einsum("bhncm,bhnm->bhnc", phi_q, prev_z)
+  return num, den, x

@@ -9,7 +9,8 @@ can be computed as phi(q_i) S / phi(q_i) z with S = sum_j phi(k_j) v_j^T `[M, Dv
 z = sum_j phi(k_j) `[M]`: linear in length instead of quadratic.
 
 `linear_attention` is the elu(x) + 1 feature map of Katharopoulos et al. 2020 ("Transformers are
-RNNs"). `attention.favor` builds the Performer's random features and calls the two kernels here.
+RNNs"). `attention.favor` builds the Performer's random features and calls the kernels here (its
+causal softmax kernel has its own, per-feature stabilised, chunked sums).
 
 Causal mode sums only keys j <= i. It is computed by chunked prefix sums: the sequence is cut
 into chunks of C positions; inside a chunk a masked `[C, C]` matmul phi(q) phi(k)^T handles the
@@ -18,11 +19,12 @@ summed per chunk. Nothing of size `[L, M, Dv]` is ever formed (only `[L / C, M, 
 loop runs over chunks, never over tokens. The feature-level functions work head-major
 (`[B, H, L, ...]`), the layout XLA's dots want; `linear_attention` takes the usual `[B, L, H, D]`.
 
-Keys may carry a log-scale (`key_log_scale`, used by FAVOR+'s stabiliser): key j's true feature
-vector is phi_k[j] * exp(key_log_scale[j]). The causal code keeps every sum relative to the
-running maximum M_i = max_{j <= i} key_log_scale[j] (a cumulative max, so position i depends on
-no later position) and rescales per query, which cancels exactly between numerator and
-denominator.
+Keys may carry a log-scale (`key_log_scale`): key j's true feature vector is
+phi_k[j] * exp(key_log_scale[j]). The causal code keeps every sum relative to the running
+maximum M_i = max_{j <= i} key_log_scale[j] (a cumulative max, so position i depends on no later
+position) and rescales per query, which cancels exactly between numerator and denominator.
+(FAVOR+'s softmax kernel no longer uses it: one scale per key cannot keep its denominators away
+from underflow, so `attention.favor` shifts per feature.)
 
 Padding: a key with `key_mask` False has its features zeroed before any sum, so it is absent
 from numerator and denominator alike. A query with no real key (or, when causal, none at or

@@ -1,6 +1,8 @@
 """Tests for attention.favor: random features, exactness of the kernel sums, causality, padding,
-bfloat16 range at long length, approximation quality, and input errors."""
+bfloat16 range at long length, finite gradients at large input norms, approximation quality, and
+input errors."""
 
+import functools
 import os
 import re
 import subprocess
@@ -155,7 +157,40 @@ def test_causal_outputs_ignore_future_tokens_bitwise(kernel, t):
   out2 = np.asarray(favor.favor_attention(q2, k2, v2, **kw))
   np.testing.assert_array_equal(out[:, :t + 1], out2[:, :t + 1])
   assert not np.array_equal(out[:, t + 1:], out2[:, t + 1:])
+  # Gradients of a loss on outputs <= t: zero at every later position, bit-identical before.
+  ct = jnp.where(future, 0.0, jnp.asarray(rng.normal(size=v.shape), jnp.float32))
+  loss = lambda q, k, v: jnp.sum(ct * favor.favor_attention(q, k, v, **kw))
+  grads, grads2 = (jax.grad(loss, argnums=(0, 1, 2))(*x) for x in ((q, k, v), (q2, k2, v2)))
+  for g, g2 in zip(grads, grads2):
+    g, g2 = np.asarray(g), np.asarray(g2)
+    assert not np.any(g[:, t + 1:]) and not np.any(g2[:, t + 1:])
+    np.testing.assert_array_equal(g[:, :t + 1], g2[:, :t + 1])
 
+
+
+def _all_avals(jaxpr):
+  """Every intermediate aval of a jaxpr and its sub-jaxprs, and every scan length."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "scan":
+      yield "scan", eqn.params["length"]
+    yield from (("aval", var.aval) for var in eqn.outvars)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else (param,):
+        if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
+          yield from _all_avals(getattr(sub, "jaxpr", sub))
+
+
+def test_causal_never_builds_an_l_m_d_tensor_nor_scans_tokens():
+  length, d, m, chunk = 1024, 16, 32, 64
+  x = jnp.ones((1, length, 1, d))
+  w = favor.favor_features(jax.random.key(0), m, d, orthogonal=False)
+  loss = lambda q, k, v: jnp.sum(favor.favor_attention(q, k, v, features=w, causal=True,
+                                                       chunk_size=chunk))
+  items = list(_all_avals(jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1, 2)))(
+      x, x, x).jaxpr))
+  biggest = max(int(np.prod(a.shape)) for kind, a in items if kind == "aval")
+  assert biggest < length * m * d // 4, biggest        # [L / C, m, Dv] is 1/64 of [L, m, Dv]
+  assert all(n <= length // chunk for kind, n in items if kind == "scan")
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_padded_keys_do_not_change_real_outputs(causal):
@@ -199,6 +234,85 @@ def test_no_nan_or_inf_in_bfloat16_at_16384():
       q, k, v, features=w, causal=True).astype(jnp.float32)), argnums=(0, 1, 2))(q, k, v)
   for g in grads:
     assert np.all(np.isfinite(np.asarray(g, np.float32)))
+
+
+@functools.cache
+def _features_256x64():
+  return favor.favor_features(jax.random.key(1), 256, 64)
+
+
+def _scaled_inputs(scale, length, dtype, seed=0):
+  """q, k, v = scale * N(0, 1) `[3, L, 2, 64]`; row 1 padded at both ends, row 2 all padding."""
+  q, k, v = (scale * jax.random.normal(key, (3, length, 2, 64))
+             for key in jax.random.split(jax.random.key(seed), 3))
+  real = np.ones((3, length), bool)
+  real[1, :3] = real[1, -4:] = False
+  real[2] = False
+  return (*(x.astype(dtype) for x in (q, k, v)), real)
+
+
+@functools.partial(jax.jit, static_argnames="causal")
+def _out_and_grads(q, k, v, w, real, ct, causal):
+  """FAVOR+ outputs, and gradients of sum(ct * out) w.r.t. q, k, v and the features. Causal
+  chunks of 8 use every part of the causal sums (own key, blocks inside a chunk, earlier
+  chunks)."""
+  f = lambda q, k, v, w: favor.favor_attention(q, k, v, features=w, causal=causal,
+                                               key_mask=real, chunk_size=8)
+  out, pullback = jax.vjp(f, q, k, v, w)
+  return out, pullback(ct.astype(out.dtype))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length", [16, 37])
+def test_large_inputs_give_finite_gradients_and_no_zero_rows(causal, length):
+  """At 10x and 100x standard-normal q, k (head_dim 64, 256 features), the terms of the
+  estimator span far more than float32's range. The earlier stabiliser gave NaN gradients here
+  (denominators in (0, 1e-19)) and rows of exactly 0. Every real query has a real key, so no
+  output row may be 0, each output is an average of real values, and every gradient (q, k, v,
+  features) is finite, in float32 and bfloat16."""
+  w = _features_256x64()
+  ct = jax.random.normal(jax.random.key(3), (3, length, 2, 64))
+  for dtype in (jnp.float32, jnp.bfloat16):
+    for scale in (10.0, 100.0):
+      q, k, v, real = _scaled_inputs(scale, length, dtype)
+      out, grads = _out_and_grads(q, k, v, w, real, ct, causal=causal)
+      out, v = np.asarray(out, np.float32), np.asarray(v, np.float32)
+      case = (np.dtype(dtype).name, scale)
+      assert np.all(np.isfinite(out)), case
+      zero_rows = np.all(out == 0, axis=-1)          # [B, L, H]
+      assert not np.any(zero_rows[real]), (case, np.argwhere(zero_rows & real[..., None]))
+      assert not np.any(out[~real]), case
+      slack = 0.02 * scale
+      for row in range(2):
+        values = v[row, real[row]]                   # [keys, H, Dv]
+        assert np.all(out[row, real[row]] <= values.max(0) + slack), case
+        assert np.all(out[row, real[row]] >= values.min(0) - slack), case
+      for name, g in zip("qkvw", grads):
+        assert np.all(np.isfinite(np.asarray(g, np.float32))), (case, name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_equal_float64_estimator_at_3x(causal):
+  """The stabiliser changes no math: outputs and gradients (q, k, v, features) equal a float64
+  evaluation of the same estimator without any stabiliser, with padding, at 3x input scale."""
+  q, k, v, real = _scaled_inputs(3.0, 37, jnp.float32, seed=2)
+  w = _features_256x64()
+  ct = jax.random.normal(jax.random.key(3), v.shape)
+  out, grads = _out_and_grads(q, k, v, w, real, ct, causal=causal)
+  with jax.enable_x64(True):
+    args64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, w, ct)]
+
+    def naive64(q, k, v, w):
+      return _naive(_phi_jnp(q, w, "softmax"), _phi_jnp(k, w, "softmax"), v, causal, real, jnp)
+
+    ref = np.asarray(jax.jit(naive64)(*args64[:4]))
+    refs = [np.asarray(g) for g in jax.jit(jax.grad(
+        lambda *x: jnp.sum(args64[4] * naive64(*x)), argnums=(0, 1, 2, 3)))(*args64[:4])]
+  assert ref.dtype == np.float64                     # errors are ~4e-6 of the largest entry
+  np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-4, atol=2e-5 * np.abs(ref).max())
+  for name, g, r in zip("qkvw", grads, refs):
+    np.testing.assert_allclose(np.asarray(g), r, rtol=1e-4, atol=2e-5 * np.abs(r).max(),
+                               err_msg=name)
 
 
 def _mean_relative_error(out, exact):
