@@ -23,6 +23,8 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
+import tempfile
 from typing import Any
 
 import jax
@@ -92,6 +94,37 @@ def _quiet_orbax():
     absl_logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def _stderr_kept_for(log_path: str):
+  """Holds back what is written to stderr (file descriptor 2, so orbax's and tensorstore's
+  threads too) while a save runs: replayed when it succeeds, appended to `log_path` when it
+  fails, so a failed save (a full disk) ends with the caller's one line, not hundreds."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  failed = False
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+    except BaseException:
+      failed = True
+      raise
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      held.seek(0)
+      text = held.read()
+      try:
+        if failed and text:
+          with open(log_path, "ab") as f:
+            f.write(text)
+        elif text:
+          os.write(2, text)
+      except OSError:
+        pass   # the disk may be the very thing that is full
+
+
 def remove_unfinished(directory: str) -> list[str]:
   """Removes orbax's temporary step directories (saves that never finished); returns them."""
   if jax.process_index() != 0 or not os.path.isdir(directory):
@@ -137,9 +170,10 @@ class Checkpointer:
     if step in self.manager.all_steps():
       return False
     data_state = {**data_state, CHECKSUMS: checksums(state)}
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
-    self.manager.wait_until_finished()
+    with _stderr_kept_for(os.path.join(os.path.dirname(self.directory), "error.log")):
+      self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
+      self.manager.wait_until_finished()
     return True
 
   def restore_latest(self, abstract_state: Any) -> tuple[Any, dict, int] | None:

@@ -162,3 +162,31 @@ def test_a_second_run_on_a_busy_workdir_is_refused(reference, tmp_path):
   again = run(str(workdir), reference[1])      # the holder is gone: its lock is taken over
   assert again.returncode == 0, again.stderr[-3000:]
   assert_same_as_reference(str(workdir), reference)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 400 KB tmpfs (root only; skipped where mounting is not allowed)."""
+  mount = tmp_path / "small_disk"
+  mount.mkdir()
+  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)],
+                        capture_output=True)
+  if done.returncode != 0:
+    pytest.skip("cannot mount a small tmpfs here (needs root)")
+  try:
+    yield mount
+  finally:
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_really_full_disk_is_one_line_then_resumes_identical(reference, small_disk):
+  workdir = str(small_disk / "run")
+  full = run(workdir, reference[1], timeout=240)   # the run needs about 1 MB
+  assert full.returncode == 2, full.stderr[-3000:]
+  lines = full.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: no space left on device")
+  subprocess.run(["mount", "-o", "remount,size=64M", str(small_disk)], check=True)
+  again = run(workdir, reference[1])
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "Removed unfinished checkpoint saves" in again.stdout
+  assert_same_as_reference(workdir, reference)
