@@ -88,7 +88,10 @@ def test_release_folder_is_extracted_from_the_tarball_alone(tmp_path):
   })
   path = archives.release_path(str(tmp_path), "tsv_data", download=False)
   assert path == str(tmp_path / "lra_release" / "tsv_data")
-  assert sorted(os.listdir(path)) == ["new_aan_pairs.eval.tsv", "new_aan_pairs.test.tsv"]
+  assert sorted(os.listdir(path)) == [archives.EXTRACTED_FROM, "new_aan_pairs.eval.tsv",
+                                      "new_aan_pairs.test.tsv"]   # and the archive's record
+  record = archives.extraction_record(path)
+  assert record == {"lra_release.gz": archives.fingerprint(str(tmp_path / "lra_release.gz"))}
   assert not (tmp_path / "lra_release" / "listops-1000").exists()  # only what was asked for
   assert archives.release_path(str(tmp_path), "tsv_data", download=False) == path  # found now
   with pytest.raises(archives.CorruptArchiveError, match="no member under pathfinder32"):
@@ -104,6 +107,15 @@ def test_truncated_release_leaves_nothing_extracted(tmp_path):
   with pytest.raises(archives.CorruptArchiveError, match="truncated or corrupt"):
     archives.release_path(str(tmp_path), "pathfinder32", download=False)
   assert os.listdir(tmp_path / "lra_release") == []
+
+
+def test_release_member_outside_its_folder_is_refused(tmp_path):
+  _write_tar(tmp_path / "lra_release.gz", {"lra_release/tsv_data/a.tsv": b"x",
+                                           "lra_release/tsv_data/../../escaped": b"y"})
+  with pytest.raises(archives.CorruptArchiveError, match="points outside its folder"):
+    archives.release_path(str(tmp_path), "tsv_data", download=False)
+  assert not (tmp_path / "escaped").exists()
+  assert not (tmp_path / "lra_release" / "tsv_data").exists()
 
 
 def test_missing_release_message(tmp_path):

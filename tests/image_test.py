@@ -2,11 +2,8 @@
 format (Python 2 pickles in a tar.gz), the LRA grayscale formula, splits, ids (black = 1, not
 padding), missing/corrupt archive errors, the restricted unpickler, and two training steps."""
 
-import io
 import os
 import pickle
-import struct
-import tarfile
 
 import jax
 import numpy as np
@@ -16,82 +13,17 @@ import task_helpers
 from configs import image as image_config
 from lra.data import archives
 from lra.tasks import image
+from task_helpers import py2_pickle
 
 jax.config.update("jax_disable_most_optimizations", True)
 
 PER_BATCH = 4  # images per fixture batch: 20 training images -> 18 train, 2 validation
 
 
-# ----------------------------------------------------------------------------------------------
-# The archive format, written the way Python 2 cPickle (protocol 2) wrote the CIFAR-10 batches:
-# str as SHORT_BINSTRING/BINSTRING, numpy arrays through numpy.core.multiarray._reconstruct.
-
-
-def _py2(obj) -> bytes:
-  if isinstance(obj, bytes):
-    if len(obj) < 256:
-      return b"U" + bytes([len(obj)]) + obj
-    return b"T" + struct.pack("<i", len(obj)) + obj
-  if isinstance(obj, bool):
-    return b"\x88" if obj else b"\x89"
-  if isinstance(obj, int):
-    if 0 <= obj < 256:
-      return b"K" + bytes([obj])
-    return b"J" + struct.pack("<i", obj)
-  if obj is None:
-    return b"N"
-  if isinstance(obj, tuple):
-    return b"(" + b"".join(_py2(x) for x in obj) + b"t"
-  if isinstance(obj, list):
-    return b"](" + b"".join(_py2(x) for x in obj) + b"e"
-  if isinstance(obj, dict):
-    return b"}(" + b"".join(_py2(k) + _py2(v) for k, v in obj.items()) + b"u"
-  if isinstance(obj, np.ndarray):
-    assert obj.dtype == np.uint8
-    dtype = (b"cnumpy\ndtype\n" + _py2((b"u1", 0, 1)) + b"R"
-             + _py2((3, b"|", None, None, None, -1, -1, 0)) + b"b")
-    # _reconstruct(ndarray, (0,), 'b'), then BUILD with (1, shape, dtype, False, raw bytes)
-    return (b"cnumpy.core.multiarray\n_reconstruct\n(cnumpy\nndarray\n" + _py2((0,))
-            + _py2(b"b") + b"tR(" + _py2(1) + _py2(tuple(obj.shape)) + dtype + _py2(False)
-            + _py2(obj.tobytes()) + b"tb")
-  raise TypeError(type(obj))
-
-
-def py2_pickle(obj) -> bytes:
-  return b"\x80\x02" + _py2(obj) + b"."
-
-
-def _add(tar, name, data):
-  info = tarfile.TarInfo(name)
-  info.size = len(data)
-  tar.addfile(info, io.BytesIO(data))
-
-
 def write_cifar(path, *, seed=0, test_batch=None):
-  """A cifar-10-python.tar.gz with PER_BATCH images per batch; returns {batch: (rgb, labels)}
-  with rgb uint8 [N, 32, 32, 3]. Image 0 of data_batch_1 is black, image 1 white."""
-  rng = np.random.default_rng(seed)
-  content = {}
-  with tarfile.open(path, "w:gz") as tar:
-    for i, name in enumerate([f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]):
-      rgb = rng.integers(0, 256, (PER_BATCH, 32, 32, 3), dtype=np.uint8)
-      if i == 0:
-        rgb[0], rgb[1] = 0, 255
-      labels = [int(x) for x in rng.integers(0, 10, PER_BATCH)]
-      content[name] = (rgb, np.array(labels))
-      data = rgb.transpose(0, 3, 1, 2).reshape(PER_BATCH, 3072)  # R plane, G plane, B plane
-      batch = {b"batch_label": f"batch {name}".encode(), b"labels": labels, b"data": data,
-               b"filenames": [f"img_{j}.png".encode() for j in range(PER_BATCH)]}
-      blob = py2_pickle(batch)
-      if name == "test_batch" and test_batch is not None:
-        blob = test_batch
-      _add(tar, f"cifar-10-batches-py/{name}", blob)
-    meta = {b"num_cases_per_batch": PER_BATCH, b"num_vis": 3072,
-            b"label_names": [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog",
-                             b"frog", b"horse", b"ship", b"truck"]}
-    _add(tar, "cifar-10-batches-py/batches.meta", py2_pickle(meta))
-    _add(tar, "cifar-10-batches-py/readme.html", b"<html></html>")
-  return content
+  """A cifar-10-python.tar.gz (Python 2 pickles, task_helpers.write_cifar) with PER_BATCH images
+  per batch; returns {batch: (rgb, labels)}."""
+  return task_helpers.write_cifar(path, seed=seed, test_batch=test_batch, per_batch=PER_BATCH)
 
 
 def reference_gray(rgb):

@@ -149,7 +149,7 @@ def test_release_tarball_is_extracted_then_built(tmp_path):
   check_split(retrieval.get_source(cfg, "train"), ROWS["train"], MAX_LENGTH)
   assert sorted(os.listdir(manual / "lra_release")) == ["tsv_data"]   # nothing else extracted
   assert sorted(os.listdir(manual / "lra_release" / "tsv_data")) == sorted(
-      retrieval.TSV_FILES.values())
+      [archives.EXTRACTED_FROM, *retrieval.TSV_FILES.values()])   # the TSVs and their origin
   assert retrieval.TASK.status(cfg).ready
 
 

@@ -1,6 +1,8 @@
-"""Test code shared by the task tests (text, retrieval, image, pathfinder, charlm): data settings
-in a test folder, the status and error checks of a task's data, a tiny model for two training
-steps (and `override`, which train_test uses too), and the checks every task config passes.
+"""Test code shared by the task tests (text, retrieval, image, pathfinder, charlm) and the archive
+fault tests: data settings in a test folder, tiny archives written in the published formats
+(aclImdb, CIFAR-10 python, the LRA release), the status and error checks of a task's data, a tiny
+model for two training steps (and `override`, which train_test uses too), and the checks every
+task config passes.
 
 The test files import it as `import task_helpers`: pytest puts this folder (which has no
 `__init__.py`) on sys.path to import the test files and conftest.py, so it is found there too.
@@ -8,9 +10,14 @@ The test files import it as `import task_helpers`: pytest puts this folder (whic
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import os
 import pathlib
-from typing import Any, Callable, Mapping
+import struct
+import tarfile
+from typing import Any, Callable, Iterator, Mapping
 
 import ml_collections
 import numpy as np
@@ -21,6 +28,117 @@ from lra import metrics, tasks, train
 from lra.data import archives
 from lra.data.builders import Status
 from lra.tasks.base import Task
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiny archives in the published formats.
+
+
+@contextlib.contextmanager
+def unpublished(module, name: str) -> Iterator[archives.Archive]:
+  """While inside, `module.<name>` (an Archive) has no published SHA-256, so the tiny test
+  archive written under its file name is accepted. Yields the Archive as published."""
+  archive = getattr(module, name)
+  setattr(module, name, dataclasses.replace(archive, sha256=None))
+  try:
+    yield archive
+  finally:
+    setattr(module, name, archive)
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes | None = None) -> None:
+  """Adds a regular file `name` holding `data` to `tar`, or a directory when data is None."""
+  info = tarfile.TarInfo(name)
+  if data is None:
+    info.type = tarfile.DIRTYPE
+    tar.addfile(info)
+  else:
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_tar(path: str, members: Mapping[str, bytes | None]) -> None:
+  """A tar.gz of `members` (name -> contents, None for a directory), in that order."""
+  with tarfile.open(path, "w:gz") as tar:
+    for name, data in members.items():
+      add_member(tar, name, data)
+
+
+def write_imdb(path: str, reviews: Mapping[tuple, bytes], extra: Mapping[str, bytes] = ()
+               ) -> None:
+  """aclImdb_v1.tar.gz: directories, then `reviews` {(split, pos|neg, id, rating): bytes} as
+  aclImdb/<split>/<pos|neg>/<id>_<rating>.txt, then the `extra` members."""
+  dirs = sorted({"aclImdb"} | {f"aclImdb/{s}" for s in ("train", "test")} |
+                {f"aclImdb/{s}/{f}" for s in ("train", "test") for f in ("pos", "neg")} |
+                {"aclImdb/train/unsup"})
+  members = dict.fromkeys(dirs)
+  members.update({f"aclImdb/{s}/{f}/{i}_{r}.txt": data for (s, f, i, r), data in reviews.items()})
+  members.update(dict(extra))
+  write_tar(path, members)
+
+
+def _py2(obj) -> bytes:
+  """`obj` pickled the way Python 2 cPickle (protocol 2) wrote the CIFAR-10 batches: str as
+  SHORT_BINSTRING/BINSTRING, numpy arrays through numpy.core.multiarray._reconstruct."""
+  if isinstance(obj, bytes):
+    if len(obj) < 256:
+      return b"U" + bytes([len(obj)]) + obj
+    return b"T" + struct.pack("<i", len(obj)) + obj
+  if isinstance(obj, bool):
+    return b"\x88" if obj else b"\x89"
+  if isinstance(obj, int):
+    if 0 <= obj < 256:
+      return b"K" + bytes([obj])
+    return b"J" + struct.pack("<i", obj)
+  if obj is None:
+    return b"N"
+  if isinstance(obj, tuple):
+    return b"(" + b"".join(_py2(x) for x in obj) + b"t"
+  if isinstance(obj, list):
+    return b"](" + b"".join(_py2(x) for x in obj) + b"e"
+  if isinstance(obj, dict):
+    return b"}(" + b"".join(_py2(k) + _py2(v) for k, v in obj.items()) + b"u"
+  if isinstance(obj, np.ndarray):
+    assert obj.dtype == np.uint8
+    dtype = (b"cnumpy\ndtype\n" + _py2((b"u1", 0, 1)) + b"R"
+             + _py2((3, b"|", None, None, None, -1, -1, 0)) + b"b")
+    # _reconstruct(ndarray, (0,), 'b'), then BUILD with (1, shape, dtype, False, raw bytes)
+    return (b"cnumpy.core.multiarray\n_reconstruct\n(cnumpy\nndarray\n" + _py2((0,))
+            + _py2(b"b") + b"tR(" + _py2(1) + _py2(tuple(obj.shape)) + dtype + _py2(False)
+            + _py2(obj.tobytes()) + b"tb")
+  raise TypeError(type(obj))
+
+
+def py2_pickle(obj) -> bytes:
+  return b"\x80\x02" + _py2(obj) + b"."
+
+
+def write_cifar(path: str, *, seed: int = 0, test_batch: bytes | None = None,
+                per_batch: int = 4) -> dict:
+  """A cifar-10-python.tar.gz with `per_batch` images per batch; returns {batch: (rgb, labels)}
+  with rgb uint8 [N, 32, 32, 3]. Image 0 of data_batch_1 is black, image 1 white."""
+  rng = np.random.default_rng(seed)
+  content = {}
+  with tarfile.open(path, "w:gz") as tar:
+    for i, name in enumerate([f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]):
+      rgb = rng.integers(0, 256, (per_batch, 32, 32, 3), dtype=np.uint8)
+      if i == 0:
+        rgb[0], rgb[1] = 0, 255
+      labels = [int(x) for x in rng.integers(0, 10, per_batch)]
+      content[name] = (rgb, np.array(labels))
+      data = rgb.transpose(0, 3, 1, 2).reshape(per_batch, 3072)  # R plane, G plane, B plane
+      batch = {b"batch_label": f"batch {name}".encode(), b"labels": labels, b"data": data,
+               b"filenames": [f"img_{j}.png".encode() for j in range(per_batch)]}
+      blob = py2_pickle(batch)
+      if name == "test_batch" and test_batch is not None:
+        blob = test_batch
+      add_member(tar, f"cifar-10-batches-py/{name}", blob)
+    meta = {b"num_cases_per_batch": per_batch, b"num_vis": 3072,
+            b"label_names": [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog",
+                             b"frog", b"horse", b"ship", b"truck"]}
+    add_member(tar, "cifar-10-batches-py/batches.meta", py2_pickle(meta))
+    add_member(tar, "cifar-10-batches-py/readme.html", b"<html></html>")
+  return content
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,9 +2,7 @@
 the stored bytes and labels, first-bytes truncation, the holdout validation option, missing and
 truncated archives, status, and two training steps."""
 
-import io
 import os
-import tarfile
 
 import jax
 import numpy as np
@@ -45,21 +43,14 @@ EXTRA = {  # members the builder must ignore
 
 
 def write_archive(path, reviews=REVIEWS, extra=EXTRA):
-  """Writes a gzip'd tar with the aclImdb member layout (directories, then files)."""
-  with tarfile.open(path, "w:gz") as tar:
-    dirs = sorted({"aclImdb"} | {f"aclImdb/{s}" for s in ("train", "test")} |
-                  {f"aclImdb/{s}/{f}" for s in ("train", "test") for f in ("pos", "neg")} |
-                  {"aclImdb/train/unsup"})
-    for d in dirs:
-      info = tarfile.TarInfo(d)
-      info.type = tarfile.DIRTYPE
-      tar.addfile(info)
-    members = {f"aclImdb/{s}/{f}/{i}_{r}.txt": data for (s, f, i, r), data in reviews.items()}
-    members.update(extra)
-    for name, data in members.items():
-      info = tarfile.TarInfo(name)
-      info.size = len(data)
-      tar.addfile(info, io.BytesIO(data))
+  """A gzip'd tar with the aclImdb member layout (directories, then files)."""
+  task_helpers.write_imdb(path, reviews, extra)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tiny_archive_is_not_the_published_one():
+  with task_helpers.unpublished(text, "IMDB"):
+    yield
 
 
 def expected(split):

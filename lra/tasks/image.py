@@ -134,18 +134,21 @@ def _check_batch(path: str, member: str, batch) -> tuple[np.ndarray, np.ndarray]
 def read_archive(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """Batch name -> (gray pixels uint8 [N, 1024], labels int64 [N]) for the six batches.
 
-  One sequential pass over the tar.gz; truncated or corrupt files raise CorruptArchiveError.
+  One sequential pass over the tar.gz, which verifies it to its end before any batch is
+  unpickled; truncated or corrupt files raise CorruptArchiveError.
   """
   wanted = {f"{MEMBER_DIR}/{m}": m for m in (*TRAIN_BATCHES, TEST_BATCH)}
+  blobs = {}
+  for name, contents in archives.tar_members(path, CIFAR10):
+    member = wanted.get(name.lstrip("./"))
+    if member is not None:
+      blobs[member] = contents
   out = {}
-  with archives.reading(path, CIFAR10):
-    for name, contents in archives.tar_members(path, CIFAR10):
-      member = wanted.get(name.lstrip("./"))
-      if member is None:
-        continue
-      data, labels = _check_batch(path, member, load_pickle(contents))
-      out[member] = (cifar_to_gray(data), labels)
-      print(f"image: read {member} ({len(labels)} images)", file=sys.stderr, flush=True)
+  for member, blob in blobs.items():   # the archive was read and verified to its end
+    with archives.reading(path, CIFAR10):
+      data, labels = _check_batch(path, member, load_pickle(blob))
+    out[member] = (cifar_to_gray(data), labels)
+    print(f"image: read {member} ({len(labels)} images)", file=sys.stderr, flush=True)
   missing = [m for m in wanted.values() if m not in out]
   if missing:
     raise archives.CorruptArchiveError(

@@ -4,7 +4,8 @@ Archive: `aclImdb_v1.tar.gz` (the Large Movie Review Dataset v1.0, 84 MB) from
 https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz, placed in `data.manual_dir`.
 Its members `aclImdb/{train,test}/{pos,neg}/<id>_<rating>.txt` are the 25,000 + 25,000 labelled
 reviews (`pos` = label 1, `neg` = label 0); `aclImdb/train/unsup/`, `urls_*.txt`, `*.feat`,
-`imdb.vocab` and `README` are ignored. The archive is read once, as a stream.
+`imdb.vocab` and `README` are ignored. The archive is read once, as a stream, and verified to its
+end (gzip CRC-32 and length, and the SHA-256 that TensorFlow Datasets publishes for it).
 
 Stored example: the review's UTF-8 bytes with surrounding ASCII whitespace stripped (exactly the
 text tfds `imdb_reviews` gave LRA), never truncated, as uint8; label int32. Examples are stored
@@ -44,9 +45,12 @@ NUM_CLASSES = 2
 PAD_ID = 0
 VOCAB_SIZE = builders.BYTE_VOCAB_SIZE   # 256 byte values + padding
 
+# The SHA-256 (and size, 84,125,825 bytes) that TensorFlow Datasets publishes for this file, in
+# tensorflow_datasets/datasets/imdb_reviews/checksums.tsv.
 IMDB = archives.Archive(
     "aclImdb_v1.tar.gz", "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
-    "the Large Movie Review Dataset v1.0 (IMDb reviews; a tar.gz of 84 MB)")
+    "the Large Movie Review Dataset v1.0 (IMDb reviews; a tar.gz of 84 MB)",
+    sha256="c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe")
 LABELS = {"neg": 0, "pos": 1}
 VALIDATION_CHOICES = ("test", "holdout")
 _MEMBER = re.compile(r"^(?:\./)?aclImdb/(train|test)/(pos|neg)/(\d+)_(\d+)\.txt$")
