@@ -10,9 +10,19 @@
   `DownloadConfig(manual_dir=...)` and the builder's `_split_generators` reads its files under
   `dl_manager.manual_dir` (an `epath.Path`). Builder configs hold no path: the config name says
   where the data comes from and names the folder `<data_dir>/<builder>/<config>/<version>`.
-- `prepare` builds the dataset when it is not there yet, with a progress note. tfds writes into a
-  temporary folder that it renames when complete and deletes on failure, so an error (a corrupt
-  archive, Ctrl-C) leaves no half-written dataset.
+- `prepare` builds the dataset when it is not there yet, with a progress note, holding a lock
+  file per dataset (`lock_file`): once it holds it, the `incomplete.*` folders that killed
+  preparations of the same dataset left are removed (a live preparation would hold the lock),
+  and a second process waits and then uses what the first built. tfds writes into a temporary
+  `incomplete.*` folder that it renames when complete and deletes on failure, so an error (a
+  corrupt archive, Ctrl-C) leaves no half-written dataset.
+- Each dataset records the archives it was built from (`SOURCES_FILE`: file name, size, mtime
+  and SHA-256 of every archive read and verified while building, or of the LRA release a folder
+  was extracted from), written inside the temporary folder before tfds renames it. `reuse`
+  compares that record with the archives now in manual_dir (size and mtime first; SHA-256 only
+  when those changed) and removes a dataset whose archive was replaced, so it is built again. A
+  dataset without a record (prepared before records were kept) or whose archive is gone is used.
+  `drop_stale_extraction` does the same for a folder extracted from the LRA release.
 - `TaskData`: a task's `build`/`prepare`/`status` from its builder, how to find its original
   files, and what its status says while they are not built; `TaskData.from_archive` for a task
   made from one archive.
@@ -24,12 +34,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import glob
 import logging
 import os
+import secrets
+import shutil
 import sys
+import tempfile
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from etils import epath
 import ml_collections
@@ -41,6 +56,7 @@ from lra.data import archives
 BYTE_OFFSET = 1          # stored byte/pixel value v is token id v + 1; 0 is padding
 BYTE_VOCAB_SIZE = 257    # padding + 256 byte values
 SPLITS = ("train", "validation", "test")
+SOURCES_FILE = "lra_sources.json"   # in a dataset folder: {archive file name: fingerprint}
 
 
 class _QuietConfigNotes(logging.Filter):
@@ -91,6 +107,16 @@ class Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     # tfds' default lookup goes through importlib_resources, which is not a dependency here.
     return epath.Path(sys.modules[cls.__module__].__file__)
 
+  def _download_and_prepare(self, dl_manager, download_config=None):
+    """Builds as tfds does, then records the archives it read (verified) in SOURCES_FILE; tfds
+    runs this with `data_dir` set to its temporary folder, renamed only when all is written."""
+    with archives.recording_reads() as reads:
+      super()._download_and_prepare(dl_manager, download_config)
+    manual_dir = download_config.manual_dir if download_config else None
+    if manual_dir:  # a folder extracted from the LRA release: the archive it came from
+      reads = {**archives.extraction_record(os.fspath(manual_dir)), **reads}
+    (epath.Path(self.data_dir) / SOURCES_FILE).write_text(archives.record_to_json(reads))
+
 
 class LabelledBuilder(Builder, skip_registration=True):
   """Base of the classification datasets: token arrays `INPUTS` and an int32 `targets` label.
@@ -116,24 +142,142 @@ class LabelledBuilder(Builder, skip_registration=True):
     )
 
 
+def lock_file(builder: tfds.core.DatasetBuilder) -> str:
+  """The lock file held while `builder`'s dataset is built or removed: `.<version>.lock` next to
+  the version folder (and next to tfds' `incomplete.*_<version>` folders)."""
+  return os.path.join(os.path.dirname(os.fspath(builder.data_dir)), f".{builder.version}.lock")
+
+
+@contextlib.contextmanager
+def building(builder: tfds.core.DatasetBuilder, label: str) -> Iterator[None]:
+  """Holds `lock_file(builder)`; once held, removes the `incomplete.*` folders of the dataset."""
+  parent = glob.escape(os.path.dirname(os.fspath(builder.data_dir)))
+  with archives.exclusive(lock_file(builder), f"preparation of the {label} dataset",
+                          stale=[os.path.join(parent, f"incomplete.*_{builder.version}")]):
+    yield
+
+
+def _fresh(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
+  """A new builder like `builder`, which reads what is on disk now."""
+  return type(builder)(config=builder.builder_config, data_dir=os.fspath(builder.data_dir_root))
+
+
 def prepare(builder: tfds.core.DatasetBuilder, label: str,
             manual_dir: epath.PathLike | None = None) -> tfds.core.DatasetBuilder:
   """Builds `builder`'s dataset as array_record unless it is already prepared; returns it.
 
   `manual_dir` is the folder holding the original files (tfds' `DownloadConfig.manual_dir`, read
-  by the builder as `dl_manager.manual_dir`); None for a builder that reads no files.
+  by the builder as `dl_manager.manual_dir`); None for a builder that reads no files. Builds
+  under `building` (one process at a time; what killed ones left is removed first).
   """
   if builder.is_prepared():
     return builder
-  print(f"{label}: preparing {builder.builder_config.name} in {builder.data_dir} ...",
-        file=sys.stderr, flush=True)
-  t0 = time.perf_counter()
-  builder.download_and_prepare(
-      file_format="array_record",
-      download_config=tfds.download.DownloadConfig(
-          manual_dir=manual_dir, compute_stats=tfds.download.ComputeStatsMode.SKIP))
+  with building(builder, label):
+    if builder.is_prepared():   # built by another process while this one waited
+      return _fresh(builder)
+    print(f"{label}: preparing {builder.builder_config.name} in {builder.data_dir} ...",
+          file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    builder.download_and_prepare(
+        file_format="array_record",
+        download_config=tfds.download.DownloadConfig(
+            manual_dir=manual_dir, compute_stats=tfds.download.ComputeStatsMode.SKIP))
   print(f"{label}: prepared in {time.perf_counter() - t0:.0f} s.", file=sys.stderr, flush=True)
   return builder
+
+
+def check_record(record: Mapping[str, archives.Fingerprint], manual_dir: str
+                 ) -> tuple[str | None, dict[str, archives.Fingerprint] | None]:
+  """(Why the archives in manual_dir are not those of `record`, or None; the record with the
+  new size and mtime of archives whose bytes are the same, or None if none has moved).
+
+  An absent archive counts as unchanged. Costs a stat per archive, and one SHA-256 pass over an
+  archive whose size or mtime differ from the record.
+  """
+  updated = dict(record)
+  for name, was in record.items():
+    path = os.path.join(os.path.expanduser(manual_dir), name)
+    try:
+      st = os.stat(path)
+    except OSError:
+      continue
+    if (st.st_size, st.st_mtime_ns) == (was.size, was.mtime_ns):
+      continue
+    now = archives.fingerprint(path)
+    if now.sha256 != was.sha256:
+      return (f"{path} is not the archive it was built from (SHA-256 {now.sha256[:16]}..., was "
+              f"{was.sha256[:16]}...)"), None
+    updated[name] = now
+  return None, (updated if updated != dict(record) else None)
+
+
+def drop_stale_extraction(manual_dir: str, relpath: str) -> None:
+  """Removes `relpath` of the extracted LRA release when it was extracted from an archive other
+  than the `lra_release.gz` now in manual_dir (with a note), so that it is extracted again."""
+  manual_dir = os.path.expanduser(manual_dir)
+  folder = archives.find_release_path(manual_dir, relpath)
+  record = archives.extraction_record(folder) if folder and os.path.isdir(folder) else {}
+  if not record:
+    return
+  reason, updated = check_record(record, manual_dir)
+  if updated:
+    with contextlib.suppress(OSError):
+      archives.write_atomic(os.path.join(folder, archives.EXTRACTED_FROM),
+                            archives.record_to_json(updated))
+  if reason is None:
+    return
+  with archives.exclusive(archives.release_lock(manual_dir), "release extraction"):
+    if os.path.isdir(folder):
+      print(f"{reason}; removing {folder} extracted from it, to extract it again.",
+            file=sys.stderr, flush=True)
+      gone = tempfile.mkdtemp(prefix=".extracting-stale-", dir=os.path.dirname(folder))
+      os.replace(folder, os.path.join(gone, "old"))
+      shutil.rmtree(gone)
+
+
+def reuse(builder: tfds.core.DatasetBuilder, label: str,
+          manual_dir: epath.PathLike | None) -> bool:
+  """Whether `builder`'s prepared dataset can be used as it is.
+
+  True when it is prepared and every archive in its record is absent from manual_dir or the
+  same file (same size and mtime; else same SHA-256, and the record takes the new mtime). A
+  dataset whose archive was replaced is removed, with a one-line note, and False returned: the
+  caller builds it again. A dataset without a record (prepared before records were kept) is
+  used as it is.
+  """
+  if not builder.is_prepared():
+    return False
+  path = builder.data_path / SOURCES_FILE
+  try:
+    record = archives.record_from_json(path.read_text())
+  except OSError:
+    return True
+  if not record or manual_dir is None:
+    return True
+  reason, updated = check_record(record, os.fspath(manual_dir))
+  if reason is None:
+    if updated:
+      with contextlib.suppress(OSError):  # a read-only dataset: hashed again next time
+        if "://" in os.fspath(path):
+          path.write_text(archives.record_to_json(updated))
+        else:
+          archives.write_atomic(os.fspath(path), archives.record_to_json(updated))
+    return True
+  print(f"{label}: {reason}; rebuilding the dataset in {builder.data_dir}.", file=sys.stderr,
+        flush=True)
+  with building(builder, label):
+    discard(builder)
+  return False
+
+
+def discard(builder: tfds.core.DatasetBuilder) -> None:
+  """Removes the prepared dataset: renamed to an `incomplete.*` name first (one step, and a kill
+  in the middle of deleting leaves a folder that the next preparation removes)."""
+  path = builder.data_path
+  if path.exists():
+    gone = path.parent / f"incomplete.stale{secrets.token_hex(3).upper()}_{path.name}"
+    path.rename(gone)
+    gone.rmtree()
 
 
 class PaddedSource:
@@ -215,12 +359,16 @@ class TaskData:
     to get and where; None when the builder reads no file. Called only to build, so a prepared
     dataset loads without its original files.
   - `pending(data_cfg, builder)`: the status line while the dataset is not prepared.
+  - `refresh(data_cfg)` (optional): run first by `build`; removes files extracted from an
+    archive that has since been replaced (`drop_stale_extraction`).
+  A prepared dataset whose archive in data.manual_dir was replaced is built again (`reuse`).
   """
 
   task: str
   builder: Callable[[ml_collections.ConfigDict], tfds.core.DatasetBuilder]
   locate: Callable[[ml_collections.ConfigDict], epath.PathLike | None]
   pending: Callable[[ml_collections.ConfigDict, tfds.core.DatasetBuilder], Status]
+  refresh: Callable[[ml_collections.ConfigDict], None] | None = None
 
   @classmethod
   def from_archive(cls, task: str, archive: archives.Archive,
@@ -235,9 +383,13 @@ class TaskData:
 
   def build(self, data_cfg: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
     """The builder of data_cfg's dataset, prepared first (from the located files) if needed."""
+    if self.refresh is not None:
+      self.refresh(data_cfg)
     builder = self.builder(data_cfg)
     if builder.is_prepared():
-      return builder
+      if reuse(builder, self.task, data_cfg.get("manual_dir")):
+        return builder
+      builder = self.builder(data_cfg)
     return prepare(builder, self.task, self.locate(data_cfg))
 
   def prepare(self, data_cfg: ml_collections.ConfigDict) -> str:

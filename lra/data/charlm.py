@@ -217,7 +217,9 @@ def resolve(corpus: Corpus, data_cfg: ml_collections.ConfigDict
   manual_dir = os.path.expanduser(data_cfg.manual_dir)
   builder = CharLMBuilder(config=archive_config(corpus, data_cfg), data_dir=data_dir)
   if builder.is_prepared():
-    return builder, None
+    if builders.reuse(builder, corpus.name, manual_dir):   # rebuilt if its archive was replaced
+      return builder, None
+    builder = CharLMBuilder(config=archive_config(corpus, data_cfg), data_dir=data_dir)
   try:
     path = archives.locate(corpus.archive, manual_dir, download=bool(data_cfg.download))
   except archives.DataMissingError as e:

@@ -168,7 +168,9 @@ def _pending(data_cfg: ml_collections.ConfigDict, builder: ListOpsBuilder) -> bu
 
 
 # build/prepare/status: the TSVs are found (or extracted) only to build the released dataset.
-DATA = builders.TaskData(NAME, _builder, locate=locate, pending=_pending)
+DATA = builders.TaskData(
+    NAME, _builder, locate=locate, pending=_pending,
+    refresh=lambda data_cfg: builders.drop_stale_extraction(data_cfg.manual_dir, "listops-1000"))
 
 
 def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.PaddedSource:

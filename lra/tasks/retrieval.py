@@ -175,7 +175,9 @@ def _pending(data_cfg: ml_collections.ConfigDict, builder: RetrievalBuilder) -> 
 # build/prepare/status: the TSV folder (the manual_dir of the build) is found only to build.
 DATA = builders.TaskData(
     NAME, _builder, pending=_pending,
-    locate=lambda data_cfg: locate_tsvs(data_cfg.manual_dir, download=data_cfg.download))
+    locate=lambda data_cfg: locate_tsvs(data_cfg.manual_dir, download=data_cfg.download),
+    refresh=lambda data_cfg: builders.drop_stale_extraction(data_cfg.manual_dir,
+                                                            RELEASE_DIRS[0]))
 
 
 def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.PaddedSource:
