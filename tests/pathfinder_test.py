@@ -101,14 +101,13 @@ def check_dataset(cfg, rows, module=pathfinder):
 
 
 def test_release_folder(tmp_path, capfd, monkeypatch):
-  monkeypatch.setattr(pathfinder, "PROGRESS_EVERY", 5)
   rows = write_release(release_dir(tmp_path / "manual"))
   cfg = _cfg(tmp_path)
   before = pathfinder.TASK.status(cfg)
   assert not before.ready and release_dir(tmp_path / "manual") in before.detail
   pathfinder.TASK.prepare(cfg)
   err = capfd.readouterr().err
-  assert "read 5 of 20 images" in err and "read 20 of 20 images" in err
+  assert "pathfinder: reading images" in err and "20/20" in err
   assert "dropped 1 empty (all-zero) image(s)" in err
   after = pathfinder.TASK.status(cfg)
   assert after.ready and "release32_hard" in after.detail

@@ -29,11 +29,11 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import sys
 
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
+import tqdm
 
 from lra.data import archives, builders
 from lra.tasks.classification import ClassificationTask
@@ -144,11 +144,11 @@ def read_archive(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if member is not None:
       blobs[member] = contents
   out = {}
-  for member, blob in blobs.items():   # the archive was read and verified to its end
-    with archives.reading(path, CIFAR10):
-      data, labels = _check_batch(path, member, load_pickle(blob))
-    out[member] = (cifar_to_gray(data), labels)
-    print(f"image: read {member} ({len(labels)} images)", file=sys.stderr, flush=True)
+  with tqdm.tqdm(blobs.items(), desc="image: reading batches", unit=" batch") as bar:
+    for member, blob in bar:
+      with archives.reading(path, CIFAR10):   # the archive was read and verified to its end
+        data, labels = _check_batch(path, member, load_pickle(blob))
+      out[member] = (cifar_to_gray(data), labels)
   missing = [m for m in wanted.values() if m not in out]
   if missing:
     raise archives.CorruptArchiveError(

@@ -34,12 +34,12 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from typing import Iterator, NamedTuple
 
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
+import tqdm
 
 from lra.data import archives, builders, png
 from lra.tasks.classification import ClassificationTask
@@ -53,7 +53,6 @@ DIFFICULTIES = {"easy": "curv_baseline", "intermediate": "curv_contour_length_9"
                 "hard": "curv_contour_length_14"}
 CONTOUR_LENGTHS = {"easy": 6, "intermediate": 9, "hard": 14}  # paddles per path
 SPLIT_SEED = 0                  # the permutation of the rows before the 80/10/10 cut
-PROGRESS_EVERY = 5000           # images between progress lines while building
 
 
 # ----------------------------------------------------------------------------------------------
@@ -151,19 +150,6 @@ def read_image(folder: str, row: Row, resolution: int) -> np.ndarray:
   return image
 
 
-class _Progress:
-  """Counts images read across the splits and prints a line every PROGRESS_EVERY."""
-
-  def __init__(self, label: str, total: int):
-    self.label, self.total, self.done, self.t0 = label, total, 0, time.monotonic()
-
-  def step(self) -> None:
-    self.done += 1
-    if self.done % PROGRESS_EVERY == 0 or self.done == self.total:
-      print(f"{self.label}: read {self.done} of {self.total} images "
-            f"({time.monotonic() - self.t0:.0f} s)", file=sys.stderr, flush=True)
-
-
 # ----------------------------------------------------------------------------------------------
 # tfds dataset (array_record).
 
@@ -186,17 +172,20 @@ class PathfinderBuilder(builders.LabelledBuilder, skip_registration=True):
   def _split_generators(self, dl_manager):
     folder = os.fspath(dl_manager.manual_dir)
     splits = split_rows(read_metadata(folder))
-    progress = _Progress(self.builder_config.task, sum(len(r) for r in splits.values()))
+    progress = tqdm.tqdm(total=sum(len(r) for r in splits.values()), unit="image",
+                         desc=f"{self.builder_config.task}: reading images", mininterval=1.0)
     return {split: self._generate_examples(folder, split, rows, progress)
             for split, rows in splits.items()}
 
-  def _generate_examples(self, folder: str, split: str, rows: list[Row], progress: _Progress
+  def _generate_examples(self, folder: str, split: str, rows: list[Row], progress: tqdm.tqdm
                          ) -> Iterator[tuple[int, dict]]:
     cfg = self.builder_config
     empty = 0
     for i, row in enumerate(rows):
       image = read_image(folder, row, cfg.resolution)   # [R, R]
-      progress.step()
+      progress.update()
+      if progress.n == progress.total:
+        progress.close()
       if not image.any():
         empty += 1
         continue

@@ -31,12 +31,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import time
 from typing import Iterator
 
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
+import tqdm
 
 from lra.data import archives, builders
 from lra.tasks.classification import MatchingTask
@@ -102,9 +102,10 @@ def locate_tsvs(manual_dir: str, *, download: bool) -> str:
 
 def read_tsv(path: str, doc_bytes: int = LRA_DOC_BYTES) -> Iterator[tuple[bytes, bytes, int]]:
   """Yields (first doc_bytes of text1, of text2, label) per line of an AAN pairs TSV."""
-  t0 = time.monotonic()
-  with open(path, "rb") as f:
+  with open(path, "rb") as f, tqdm.tqdm(desc=f"{os.path.basename(path)}", unit=" pairs",
+                                       mininterval=1.0) as progress:
     for line_no, line in enumerate(f, start=1):
+      progress.update()
       line = line[:-1] if line.endswith(b"\n") else line
       line = line[:-1] if line.endswith(b"\r") else line
       if not line:
@@ -120,9 +121,6 @@ def read_tsv(path: str, doc_bytes: int = LRA_DOC_BYTES) -> Iterator[tuple[bytes,
         raise ValueError(f"{path}:{line_no}: the label {fields[0][:20]!r} is not 0 or 1 "
                          f"(expected \"0.0\"/\"1.0\"); is this an AAN pairs TSV?")
       yield fields[3][:doc_bytes], fields[4][:doc_bytes], label
-      if line_no % 20000 == 0:
-        print(f"  {os.path.basename(path)}: {line_no} pairs ({time.monotonic() - t0:.0f} s)",
-              file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -30,12 +30,12 @@ import collections
 import os
 import re
 import sys
-import time
 from typing import Sequence
 
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
+import tqdm
 
 from lra.data import archives, builders
 from lra.tasks.classification import ClassificationTask
@@ -67,22 +67,20 @@ def read_archive(path: str) -> dict[str, list[tuple[int, int, bytes]]]:
   """
   reviews = {"train": [], "test": []}
   seen = set()
-  t0 = time.monotonic()
-  print(f"{NAME}: reading {path} ...", file=sys.stderr, flush=True)
-  for name, data in archives.tar_members(path, IMDB):
-    match = _MEMBER.match(name)
-    if not match:
-      continue
-    split, label, review_id = match.group(1), LABELS[match.group(2)], int(match.group(3))
-    if (split, label, review_id) in seen:
-      raise archives.CorruptArchiveError(
-          f"{path} holds {name} twice; it is not the original archive: download it again "
-          f"from {IMDB.url}.")
-    seen.add((split, label, review_id))
-    reviews[split].append((label, review_id, data.strip()))
-    if len(seen) % 10000 == 0:
-      print(f"  {len(seen)} reviews ({time.monotonic() - t0:.0f} s)", file=sys.stderr,
-            flush=True)
+  with tqdm.tqdm(desc=f"{NAME}: reading {os.path.basename(path)}", unit=" reviews",
+                 mininterval=1.0) as progress:
+    for name, data in archives.tar_members(path, IMDB):
+      match = _MEMBER.match(name)
+      if not match:
+        continue
+      split, label, review_id = match.group(1), LABELS[match.group(2)], int(match.group(3))
+      if (split, label, review_id) in seen:
+        raise archives.CorruptArchiveError(
+            f"{path} holds {name} twice; it is not the original archive: download it again "
+            f"from {IMDB.url}.")
+      seen.add((split, label, review_id))
+      reviews[split].append((label, review_id, data.strip()))
+      progress.update()
   for split, rows in reviews.items():
     counts = collections.Counter(label for label, _, _ in rows)
     if not counts[0] or not counts[1]:
