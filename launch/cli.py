@@ -1,12 +1,17 @@
 """The `lra` console command.
 
   lra run TASK [--attention NAME] [--size base|small] [--workdir DIR] [--config.x=y ...]
+  lra sweep TASK [--sweep NAME] [--arg k=v,...] --workdir DIR [--parallel K] [--dry_run]
+            [--config.x=y ...]
+  lra results DIR [--format markdown|csv|json] [--sort COLUMN] [--lra]
   lra list
   lra data status [--size base|small] [--manual_dir DIR]
   lra data prepare TASK [--size base|small] [--manual_dir DIR] [--no-download]
 
-`run` trains and evaluates a task (see launch/train.py); `list` prints the tasks and the
-attention kinds; `data` shows which datasets are ready and builds one (see launch/data.py).
+`run` trains and evaluates a task (see launch/train.py); `sweep` runs the points of a config
+file's sweep, each in its own folder (launch/sweep.py); `results` prints every run under a folder
+as one table (launch/results.py); `list` prints the tasks and the attention kinds; `data` shows
+which datasets are ready and builds one (see launch/data.py).
 Unknown names fail with the list of valid ones; a bad config value or a `--config.x` without
 its value fails in one line (`error: ...`, exit status 2) before anything heavy is imported.
 """
@@ -18,6 +23,8 @@ import sys
 from typing import Sequence
 
 from launch import data as data_launcher
+from launch import results as results_launcher
+from launch import sweep as sweep_launcher
 from launch import train as train_launcher
 
 
@@ -40,14 +47,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = parser.add_subparsers(dest="command", required=True)
   train_launcher.add_run_arguments(sub.add_parser("run", help="train and evaluate a task"))
+  sweep_launcher.add_arguments(sub.add_parser("sweep", help="run a config file's sweep"))
+  results_launcher.add_arguments(sub.add_parser("results", help="every run under a folder as "
+                                                                 "one table"))
   sub.add_parser("list", help="list tasks and attention kinds")
   data_launcher.add_arguments(sub.add_parser("data", help="dataset status and preparation"))
   args = parser.parse_args(rest)
   if args.command == "data":
     return data_launcher.run(args, overrides)
-  if args.command == "list":
+  if args.command == "sweep":
+    return sweep_launcher.run(args, overrides)
+  if args.command in ("list", "results"):
     if overrides:
-      parser.error("--config.* overrides only apply to `lra run`.")
+      parser.error("--config.* overrides only apply to `lra run`, `lra sweep` and `lra data`.")
+    if args.command == "results":
+      return results_launcher.run(args)
     print(list_names())
     return 0
   return train_launcher.run(args, overrides)

@@ -1,0 +1,432 @@
+"""`lra results DIR`: every run under DIR as one table, or in the Long Range Arena's layout.
+
+  lra results DIR [--format markdown|csv|json] [--sort COLUMN] [--lra]
+
+A run is a folder holding `config.json`, `results.json` or a sweep's `sweep.json`; a staged run
+is the folder holding `phase1/`, `phase2/`, ... and counts as finished when its last phase has
+its `results.json`. Each row: the run's path under DIR, task, attention kind, size, overrides
+(the run's `config.json` against the task's default config for the same `get_config` argument,
+or a staged run's current phase against that phase's default, leaving out the seed and where
+files live), seed, steps done and in all, the best validation metric and its step, the test
+metric (bits per character when the run has them, else accuracy), the parameter count (the
+model of its `config.json` built abstractly with `nnx.eval_shape`: jax is imported for this),
+the wall time of the invocations that finished each part, and the status: `finished`;
+`pending` (a sweep point not started yet); `running` (a live process on this host holds the
+run's lock, or the sweep started it and it is still alive); `failed` (its last sweep attempt
+exited with an error or, without a sweep record, an `error.log`), with the reason;
+`interrupted` otherwise.
+
+`--lra` prints Table 1 of the LRA paper from the finished runs: the attention kinds as rows, the
+six tasks as columns, test accuracy in percent as mean ± std over seeds, FAIL when the mean is
+within one point of the majority-class rate, and the average over the tasks but Path-X; settings
+shared by every run are printed once above it, and a second table gives the parameter counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import re
+import statistics
+import sys
+from typing import Any, Iterable, Sequence
+
+import configs
+from launch import sweep as sweep_lib
+from lra import phases
+
+# (name, test field, best-validation field, validation-record field, higher is better): a run's
+# metric is the first whose test field its results.json has.
+METRICS = (("bpc", "test_bpc", "best_validation_bpc", "bpc", False),
+           ("accuracy", "test_accuracy", "best_validation_accuracy", "accuracy", True))
+# Config fields that say where files are or how a run reports, not what it trained.
+NOT_OVERRIDES = ("config_arg", "seed", "data.data_dir", "data.manual_dir", "data.download",
+                 "progress", "init_from", "distributed")
+LRA_TASKS = (("listops", "ListOps"), ("text", "Text"), ("retrieval", "Retrieval"),
+             ("image", "Image"), ("pathfinder", "Pathfinder"), ("pathx", "Path-X"))
+COLUMNS = ("run", "task", "attention", "size", "overrides", "seed", "steps", "total_steps",
+           "metric", "best_validation", "best_step", "test", "majority_class_rate", "params",
+           "wall_seconds", "status", "reason")
+FORMATS = ("markdown", "csv", "json")
+_HIGHER = {m[0]: m[4] for m in METRICS}
+_NOT_RUNS = {"checkpoints", "best", "tensorboard"}
+_STEP_DIR = re.compile(r"\d+")
+
+
+def find_runs(root: str) -> list[str]:
+  """The run folders under `root` (itself included), sorted by path."""
+  runs = []
+  for base, dirs, files in os.walk(root):
+    dirs[:] = sorted(d for d in dirs if d not in _NOT_RUNS)
+    marks = {"config.json", "results.json", sweep_lib.RECORD} & set(files)
+    if marks or sweep_lib.phase_dirs(base):
+      runs.append(base)
+      dirs[:] = []      # a run holds no other runs (its phases belong to it)
+  return sorted(runs)
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  out: dict[str, Any] = {}
+  for k, v in d.items():
+    if isinstance(v, dict) and v:
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _text(value: Any) -> str:
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, str):
+    return value
+  if isinstance(value, (list, tuple)):
+    return "(" + ",".join(_text(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+  return json.dumps(value, separators=(",", ":"))
+
+
+_DEFAULTS: dict[tuple[str, str, int], dict[str, Any] | None] = {}
+
+
+def default_config(task: str, config_arg: str, phase: int = 0,
+                   staged: bool = False) -> dict[str, Any] | None:
+  """The flattened default config of `task` for `config_arg` (phase `phase`, 0-based, of a
+  staged one) as `config.json` holds it; None when it no longer resolves."""
+  key = (task, config_arg, phase if staged else -1)
+  if key not in _DEFAULTS:
+    try:
+      c = configs.build_config(task, arg=config_arg)
+      if staged:
+        c = phases.phase_config(c, phase)
+      _DEFAULTS[key] = _flat(json.loads(c.to_json_best_effort()))
+    except (ValueError, KeyError, IndexError):
+      _DEFAULTS[key] = None
+  return _DEFAULTS[key]
+
+
+def overrides_of(config: dict[str, Any], phase: int = 0, staged: bool = False) -> list[str]:
+  """`key=value` for each field of a run's config.json that differs from the default."""
+  base = default_config(config.get("task", ""), config.get("config_arg", ""), phase, staged)
+  if base is None:
+    return ["(default config unavailable)"]
+  mine = _flat(config)
+  out = []
+  for key in sorted(set(mine) | set(base)):
+    if key in NOT_OVERRIDES or any(key.startswith(k + ".") for k in NOT_OVERRIDES):
+      continue
+    if key not in mine:
+      out.append(f"{key}=(unset)")
+    elif key not in base or mine[key] != base[key]:
+      out.append(f"{key}={_text(mine[key])}")
+  return out
+
+
+def _finished_steps(directory: str) -> list[int]:
+  try:
+    return sorted(int(n) for n in os.listdir(directory) if _STEP_DIR.fullmatch(n))
+  except OSError:
+    return []
+
+
+_ABSTRACT: dict[str, int | None] = {}
+
+
+def abstract_params(config: dict[str, Any]) -> int | None:
+  """Parameter count of the model of `config` (a config.json), built with `nnx.eval_shape`."""
+  data = config.get("data") or {}
+  key = json.dumps([config.get("task"), config.get("model"), data.get("max_length"),
+                    data.get("eval_length")], sort_keys=True)   # what the shapes depend on
+  if key not in _ABSTRACT:
+    try:
+      import jax
+      import ml_collections
+      from flax import nnx
+      from lra import tasks as tasks_lib
+      from lra import train
+      c = ml_collections.ConfigDict(config)
+      task = tasks_lib.get_task(c.task)
+      cfg = train.model_config(c, task)
+      params = nnx.eval_shape(lambda: nnx.split(task.build_model(cfg, nnx.Rngs(0)),
+                                                nnx.Param, ...)[1])
+      _ABSTRACT[key] = int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
+    except Exception:  # noqa: BLE001 - a config this code can no longer build: no count
+      _ABSTRACT[key] = None
+  return _ABSTRACT[key]
+
+
+def _metric_of(results: dict[str, Any] | None):
+  for m in METRICS:
+    if results is not None and results.get(m[1]) is not None:
+      return m
+  return METRICS[-1]
+
+
+def _best_so_far(part: str, metric) -> tuple[float | None, int | None]:
+  """The best validation value and step in a run's metrics.jsonl (for unfinished runs)."""
+  best, step = None, None
+  try:
+    with open(os.path.join(part, "metrics.jsonl")) as f:
+      for line in f:
+        try:
+          r = json.loads(line)
+        except ValueError:
+          continue
+        v = r.get(metric[3]) if r.get("split") == "validation" else None
+        if v is not None and (best is None or (v > best if metric[4] else v < best)):
+          best, step = v, r.get("step")
+  except OSError:
+    pass
+  return best, step
+
+
+def read_run(root: str, run_dir: str) -> dict[str, Any]:
+  """One row of the table for the run in `run_dir`."""
+  record = sweep_lib.read_json(os.path.join(run_dir, sweep_lib.RECORD)) or {}
+  phase_names = sweep_lib.phase_dirs(run_dir)
+  staged = bool(phase_names) or bool(record.get("staged_phases"))
+  any_config = sweep_lib.read_json(os.path.join(run_dir, phase_names[0] if phase_names else "",
+                                       "config.json")) or {}
+  task = any_config.get("task") or record.get("task", "")
+  config_arg = any_config.get("config_arg") or record.get("config_arg", "")
+  try:   # the config the sweep asked for (else the default one), for what has not run yet
+    planned = configs.build_config(task, arg=config_arg, overrides=[
+        tuple(o) for o in record.get("overrides", [])])
+  except ValueError:
+    planned = None
+  schedule = (planned.get("phases") or ()) if planned is not None else ()
+  staged = staged or bool(schedule)
+  count = max(len(schedule), len(phase_names), 1) if staged else 1
+  parts = [os.path.join(run_dir, f"phase{k}") for k in range(1, count + 1)] if staged else \
+      [run_dir]
+  results = [sweep_lib.read_json(os.path.join(p, "results.json")) for p in parts]
+  cfgs = [sweep_lib.read_json(os.path.join(p, "config.json")) for p in parts]
+  current = max([i for i, c in enumerate(cfgs) if c] + [i for i, r in enumerate(results) if r]
+                + [0])
+  config = cfgs[current] or {}
+  if not config and planned is not None and task:
+    config = json.loads((phases.phase_config(planned, current) if staged else planned)
+                        .to_json_best_effort())
+  final = results[-1]
+  metric = _metric_of(final or next((r for r in reversed(results) if r), None))
+  arg = dict(p.split("=", 1) for p in config_arg.split(",") if "=" in p)
+  overrides = overrides_of(config, current, staged) if config else []
+  done_steps = sum(int(r.get("steps", 0)) for r in results if r)
+  if results[current] is None:
+    done_steps += (_finished_steps(os.path.join(parts[current], "checkpoints")) or [0])[-1]
+  totals = [int(p["steps"]) for p in schedule] if staged else \
+      [int(config.get("num_train_steps", 0))]
+  kind = (config.get("model") or {}).get("attention", {}).get("kind")
+  row = {"run": os.path.relpath(run_dir, root) if run_dir != root else
+         os.path.basename(os.path.abspath(root)),
+         "task": task, "attention": kind or arg.get("attention", ""),
+         "size": arg.get("size", ""), "overrides": " ".join(overrides),
+         "seed": config.get("seed"), "steps": done_steps, "total_steps": sum(totals) or None,
+         "metric": metric[0], "best_validation": None, "best_step": None, "test": None,
+         "majority_class_rate": None,
+         "params": abstract_params(config) if config else None,
+         "wall_seconds": None, "status": "", "reason": "", "_overrides": overrides}
+  last = final or results[current]
+  if last:
+    row.update(best_validation=last.get(metric[2]), best_step=last.get("best_validation_step"),
+               majority_class_rate=last.get("majority_class_rate"))
+  else:
+    row["best_validation"], row["best_step"] = _best_so_far(parts[current], metric)
+  attempts = record.get("attempts") or []
+  exit_code = attempts[-1].get("exit_code") if attempts else None
+  if final is not None:
+    row.update(status="finished", test=final.get(metric[1]), total_steps=done_steps,
+               wall_seconds=round(sum(float(r.get("wall_seconds_this_run", 0))
+                                      for r in results if r), 1))
+  elif sweep_lib.live_pid(run_dir) is not None:
+    row["status"] = "running"
+  elif record and not attempts and not any(cfgs):
+    row["status"] = "pending"
+  elif exit_code is not None:
+    row["status"] = "failed" if exit_code > 0 and exit_code != 130 else "interrupted"
+    if row["status"] == "failed":
+      row["reason"] = attempts[-1].get("last_line") or f"exit status {exit_code}"
+  else:
+    logs = [os.path.join(p, "error.log") for p in (run_dir, *parts)]
+    failed = [p for p in logs if os.path.exists(p)]
+    row["status"] = "failed" if failed else "interrupted"
+    if failed:
+      row["reason"] = f"{sweep_lib.last_line(failed[-1])} (see {failed[-1]})"
+  return row
+
+
+def collect(root: str) -> list[dict[str, Any]]:
+  return [read_run(root, d) for d in find_runs(root)]
+
+
+def sort_rows(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
+  """Rows sorted by `column`: metrics best first (by each row's metric), numbers ascending,
+  text alphabetically; rows without a value last."""
+  def key(row):
+    v = row.get(column)
+    if v is None or v == "":
+      return (1, 0, "")
+    if isinstance(v, (int, float)):
+      higher = column in ("test", "best_validation") and _HIGHER.get(row["metric"], True)
+      return (0, -v if higher else v, "")
+    return (0, 0, str(v))
+  return sorted(rows, key=key)
+
+
+def _seconds(s: float | None) -> str:
+  if s is None:
+    return "-"
+  return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def _value(v: Any, metric: str) -> str:
+  if v is None:
+    return "-"
+  return f"{v:.4f}" + (" bpc" if metric == "bpc" else "")
+
+
+def _md(cells: Iterable[Any]) -> str:
+  return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def markdown(rows: Sequence[dict[str, Any]]) -> str:
+  header = ("run", "task", "attention", "size", "overrides", "seed", "steps",
+            "best validation (step)", "test", "params", "wall", "status")
+  lines = [_md(header), _md("---" for _ in header)]
+  for r in rows:
+    best = "-" if r["best_validation"] is None else \
+        f"{_value(r['best_validation'], r['metric'])} ({r['best_step']})"
+    steps = f"{r['steps']}/{r['total_steps']}" if r["total_steps"] else str(r["steps"])
+    lines.append(_md((r["run"], r["task"], r["attention"], r["size"], r["overrides"] or "-",
+                      "-" if r["seed"] is None else r["seed"], steps, best,
+                      _value(r["test"], r["metric"]),
+                      "-" if r["params"] is None else f"{r['params']:,}",
+                      _seconds(r["wall_seconds"]), r["status"])))
+  lines += [f"failed: {r['run']}: {r['reason']}" for r in rows if r["status"] == "failed"]
+  return "\n".join(lines)
+
+
+def _public(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  return [{c: r[c] for c in COLUMNS} for r in rows]
+
+
+def to_csv(records: Sequence[dict[str, Any]]) -> str:
+  out = io.StringIO()
+  writer = csv.DictWriter(out, fieldnames=list(records[0]) if records else list(COLUMNS),
+                          lineterminator="\n")
+  writer.writeheader()
+  writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in records)
+  return out.getvalue().rstrip("\n")
+
+
+def lra_cells(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+  """The LRA table's cells from the finished accuracy runs of LRA tasks: (settings shared by
+  every run, one record per (row, task) with mean, std and count over seeds, FAIL, params)."""
+  names = dict(LRA_TASKS)
+  runs = [r for r in rows if r["status"] == "finished" and r["task"] in names
+          and r["metric"] == "accuracy" and r["test"] is not None]
+  items = {id(r): [f"size={r['size']}", *r["_overrides"]] for r in runs}
+  common = [x for x in (items[id(runs[0])] if runs else [])
+            if all(x in items[id(r)] for r in runs)]
+  groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+  for r in runs:
+    label = " ".join([r["attention"], *(x for x in items[id(r)] if x not in common)])
+    groups.setdefault((label, r["task"]), []).append(r)
+  cells = []
+  for (label, task), group in groups.items():
+    accs = [100 * r["test"] for r in group]
+    majority = [100 * r["majority_class_rate"] for r in group
+                if r["majority_class_rate"] is not None]
+    mean = statistics.fmean(accs)
+    cells.append({"row": label, "task": task, "mean": round(mean, 2),
+                  "std": round(statistics.stdev(accs), 2) if len(accs) > 1 else None,
+                  "seeds": len(accs), "majority": round(statistics.fmean(majority), 2)
+                  if majority else None,
+                  "fail": bool(majority) and mean <= statistics.fmean(majority) + 1.0,
+                  "params": max((r["params"] for r in group if r["params"]), default=None)})
+  return common, cells
+
+
+def _short(n: int | None) -> str:
+  if n is None:
+    return "-"
+  return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
+def lra_markdown(common: Sequence[str], cells: Sequence[dict[str, Any]]) -> str:
+  """The LRA layout: accuracy (mean ± std over seeds, FAIL) and the parameter counts."""
+  row_labels = sorted({c["row"] for c in cells})
+  at = {(c["row"], c["task"]): c for c in cells}
+  header = ("attention", *(name for _, name in LRA_TASKS), "Avg")
+  acc, par = [_md(header), _md("---" for _ in header)], [_md(header[:-1]), _md("---" for _ in
+                                                                                header[:-1])]
+  for label in row_labels:
+    line, params, means = [label], [label], []
+    for task, _ in LRA_TASKS:
+      c = at.get((label, task))
+      if c is None:
+        line.append("-")
+        params.append("-")
+        continue
+      text = f"{c['mean']:.2f}" + (f" ± {c['std']:.2f}" if c["std"] is not None else "")
+      line.append(f"FAIL ({text})" if c["fail"] else text)
+      params.append(_short(c["params"]))
+      if task != "pathx":
+        means.append(c["mean"])
+    avg = "-" if not means else f"{statistics.fmean(means):.2f}" + (
+        f" ({len(means)}/5 tasks)" if len(means) < 5 else "")
+    acc.append(_md([*line, avg]))
+    par.append(_md(params))
+  seeds = sorted({c["seeds"] for c in cells})
+  head = [f"Test accuracy (%), mean ± std over {'/'.join(map(str, seeds))} seed(s); FAIL: "
+          f"within 1 point of the majority class; Avg leaves out Path-X."]
+  if common:
+    head.append("All runs: " + " ".join(common))
+  return "\n".join([*head, "", *acc, "", "Parameters:", "", *par])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("dir", help="a folder of runs (a sweep's --workdir, or any folder)")
+  parser.add_argument("--format", default="markdown", choices=FORMATS)
+  parser.add_argument("--sort", default="run", metavar="COLUMN",
+                      help=f"one of: {', '.join(COLUMNS[:-1])} (default run)")
+  parser.add_argument("--lra", action="store_true",
+                      help="the LRA layout: tasks as columns, attention kinds as rows")
+
+
+def run(args: argparse.Namespace) -> int:
+  """`lra results`: prints the table; 0 when there are runs, 1 when none, 2 on bad input."""
+  if not os.path.isdir(args.dir):
+    print(f"error: {args.dir} is not a folder.", file=sys.stderr)
+    return 2
+  if args.sort not in COLUMNS:
+    print(f"error: unknown column {args.sort!r} for --sort; valid: {', '.join(COLUMNS)}.",
+          file=sys.stderr)
+    return 2
+  rows = sort_rows(collect(args.dir), args.sort)
+  if not rows:
+    print(f"no runs under {args.dir} (a run folder holds config.json or results.json).",
+          file=sys.stderr)
+    return 1
+  if args.lra:
+    common, cells = lra_cells(rows)
+    if not cells:
+      print(f"no finished LRA runs under {args.dir}.", file=sys.stderr)
+      return 1
+    if args.format == "markdown":
+      print(lra_markdown(common, cells))
+    elif args.format == "csv":
+      print(to_csv(cells))
+    else:
+      print(json.dumps({"common": common, "cells": cells}, indent=2))
+    return 0
+  if args.format == "markdown":
+    print(markdown(rows))
+  elif args.format == "csv":
+    print(to_csv(_public(rows)))
+  else:
+    print(json.dumps(_public(rows), indent=2))
+  return 0

@@ -1,0 +1,437 @@
+"""`lra sweep TASK`: the runs of a config file's sweep, each in its own folder, K at a time.
+
+  lra sweep TASK [--sweep NAME] [--arg k=v,...] --workdir DIR [--parallel K] [--runner local]
+                 [--dry_run] [--config.x=y ...]
+
+A config file `configs/<task>.py` defines its sweeps as functions of one argument, `add`: `sweep`
+is the default, `sweep_<name>` is selected by `--sweep <name>`. Each call
+`add(config_arg="attention=band,size=small", seed=1, num_train_steps=200)` is one point: the
+`get_config` argument plus config-field overrides (dotted names through `**{"model.dropout": 0.1}`,
+or a dict per sub-config: `model={"dropout": 0.1}`). `--arg` items replace or extend every point's
+`config_arg`; `--config.x=y` overrides apply to every point, after the point's own.
+
+Before anything runs, every point's config is resolved and checked exactly as `lra run` would
+(`configs.build_config`, `configs.validate`); a bad field, a repeated point (two points with the
+same resolved config) or two points with the same folder name end the command with one line and
+exit status 2. Point i runs as `lra run TASK --arg ... --workdir DIR/<name> --config.x=y ...`,
+where `<name>` is its arguments and overrides, seed last (`attention=band,size=small,seed=1`).
+
+A run whose `results.json` exists (for a staged config, its last phase's) is skipped; any other
+is started, and the trainer resumes it from its last checkpoint. Up to `--parallel` runs go at
+once, one process each, its output appended to `DIR/<name>/log.txt`; `DIR/<name>/sweep.json`
+records the command and each attempt's exit status, time and last line. A failed run does not
+stop the others; the summary names each failure with the last line of its log. SIGTERM or Ctrl-C
+stops the sweep: the runs save a checkpoint and the same command continues later. Only the local
+runner exists so far: TPU-pod and SLURM launching are not there yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import configs
+from launch import train as train_launcher
+from lra import tasks as tasks_lib
+
+RECORD = "sweep.json"   # per run: the command and its attempts
+LOG = "log.txt"         # per run: the output of every attempt, appended
+_PHASE = re.compile(r"phase(\d+)")
+_NAME_SAFE = re.compile(r"[^A-Za-z0-9._,=+-]")
+_MAX_NAME = 180
+
+
+@dataclasses.dataclass
+class Point:
+  """One run of a sweep: its `get_config` argument, its overrides and its folder name."""
+  index: int                          # 1-based, in the order `add` was called
+  config_arg: str
+  overrides: list[tuple[str, str]]    # the point's own, then the command line's
+  name: str
+  staged_phases: int = 0              # the number of phases of a staged config (0: none)
+
+  def argv(self, task: str, workdir: str) -> list[str]:
+    """The `lra run` arguments of this point (without the `lra` itself)."""
+    return ["run", task, "--arg", self.config_arg, "--workdir", os.path.join(workdir, self.name),
+            *(f"--config.{k}={v}" for k, v in self.overrides)]
+
+
+def value_text(value: Any) -> str:
+  """The command-line text of a Python value, which `configs.common.convert` reads back."""
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, str):
+    return value
+  if isinstance(value, (list, tuple)):
+    return repr(tuple(value))
+  return repr(value)
+
+
+def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
+  if isinstance(value, dict):
+    for k, v in value.items():
+      _flatten(f"{prefix}.{k}", v, out)
+  else:
+    out.append((prefix, value))
+
+
+def _merge_arg(config_arg: str, extra: str) -> str:
+  """`config_arg` with the items of `extra` replacing or extending its own (order kept)."""
+  items: dict[str, str] = {}
+  for text in (config_arg, extra):
+    for item in filter(None, (p.strip() for p in (text or "").split(","))):
+      key, _, value = item.partition("=")
+      items[key.strip()] = value.strip()
+  return ",".join(f"{k}={v}" for k, v in items.items())
+
+
+def run_name(config_arg: str, overrides: Sequence[tuple[str, str]]) -> str:
+  """A readable, filesystem-safe folder name: the arguments, the overrides, the seed last."""
+  parts = [p for p in config_arg.split(",") if p]
+  parts += [f"{k}={v}" for k, v in overrides if k != "seed"]
+  parts += [f"{k}={v}" for k, v in overrides if k == "seed"]
+  name = _NAME_SAFE.sub("_", ",".join(p.replace(" ", "") for p in parts)) or "default"
+  if len(name) > _MAX_NAME:
+    name = f"{name[:_MAX_NAME - 13]}...{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+  return name
+
+
+def sweep_names(module) -> list[str]:
+  """The sweeps a config module defines: `default` for `sweep`, NAME for `sweep_NAME`."""
+  names = ["default"] if callable(getattr(module, "sweep", None)) else []
+  return names + sorted(n[len("sweep_"):] for n in dir(module)
+                        if n.startswith("sweep_") and callable(getattr(module, n)))
+
+
+def sweep_function(task: str, name: str | None) -> Callable[[Callable[..., None]], None]:
+  """The sweep `name` (None or "default": `sweep`) of `configs/<task>.py`; raises ValueError
+  listing the module's sweeps when it has no such function."""
+  module = configs.config_module(task)
+  attribute = "sweep" if name in (None, "", "default") else f"sweep_{name}"
+  fn = getattr(module, attribute, None)
+  if not callable(fn):
+    raise ValueError(f"configs/{task}.py has no sweep {name or 'default'!r} (no function "
+                     f"{attribute}); its sweeps: {', '.join(sweep_names(module)) or 'none'}.")
+  return fn
+
+
+def expand(task: str, sweep: str | None = None, *, arg: str = "",
+           overrides: Sequence[tuple[str, str]] = ()) -> list[Point]:
+  """The points of a sweep, each resolved and checked like `lra run` would.
+
+  Raises ValueError (one line, naming the point) for an unknown field or a bad value, a
+  repeated point, or two points with the same folder name.
+  """
+  tasks_lib.check_name(task)
+  calls: list[dict[str, Any]] = []
+  sweep_function(task, sweep)(lambda **kw: calls.append(kw))
+  if not calls:
+    raise ValueError(f"the sweep {sweep or 'default'!r} of configs/{task}.py adds no point.")
+  points, seen, names = [], {}, {}
+  for i, call in enumerate(calls, 1):
+    call = dict(call)
+    config_arg = _merge_arg(str(call.pop("config_arg", "")), arg)
+    flat: list[tuple[str, Any]] = []
+    for key, value in call.items():
+      _flatten(key, value, flat)
+    given = {k for k, _ in overrides}   # the command line's win over the point's own
+    own = [(k, value_text(v)) for k, v in flat if k not in given]
+    name = run_name(config_arg, own)
+    where = f"sweep point {i} ({name})"
+    try:
+      config = configs.build_config(task, arg=config_arg, overrides=[*own, *overrides])
+      train_launcher.check_config(config)
+    except ValueError as e:
+      raise ValueError(f"{where}: {e}") from None
+    text = config.to_json_best_effort(sort_keys=True)
+    if text in seen:
+      raise ValueError(f"{where} repeats sweep point {seen[text]}: both resolve to the same "
+                       f"config; change or remove one.")
+    if name in names:
+      raise ValueError(f"{where} has the same folder name as sweep point {names[name]}.")
+    seen[text], names[name] = i, i
+    points.append(Point(i, config_arg, [*own, *overrides], name,
+                        len(config.get("phases") or ())))
+  return points
+
+
+def finished(run_dir: str, point: Point) -> bool:
+  """Whether the run has its results: `results.json`, or the last phase's for a staged one."""
+  sub = f"phase{point.staged_phases}" if point.staged_phases else ""
+  return os.path.exists(os.path.join(run_dir, sub, "results.json"))
+
+
+def _alive(pid: int, *, command_has: str = "") -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass
+  try:   # a zombie (killed, not yet reaped) has exited
+    with open(f"/proc/{pid}/stat") as f:
+      if f.read().rpartition(")")[2].split()[0] == "Z":
+        return False
+  except (OSError, IndexError):
+    pass
+  if command_has and os.path.exists(f"/proc/{pid}/cmdline"):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return command_has.encode() in f.read()
+    except OSError:
+      return False
+  return True
+
+
+def live_pid(run_dir: str) -> int | None:
+  """A live process on this host running `run_dir`: the holder of its `lock` (or a phase's, see
+  lra/lock.py), or the process of the sweep's unfinished last attempt."""
+  host = socket.gethostname()
+  dirs = [run_dir] + [os.path.join(run_dir, d) for d in phase_dirs(run_dir)]
+  for d in dirs:
+    holder = read_json(os.path.join(d, "lock"))
+    if isinstance(holder, dict) and holder.get("host") == host and "pid" in holder and \
+        _alive(int(holder["pid"])):
+      return int(holder["pid"])
+  attempts = _read_record(run_dir).get("attempts") or [{}]
+  last = attempts[-1]
+  if "pid" in last and "exit_code" not in last and last.get("host") == host and \
+      _alive(int(last["pid"]), command_has="launch.cli"):
+    return int(last["pid"])
+  return None
+
+
+def phase_dirs(path: str) -> list[str]:
+  """The phase folders of a staged run (`phase1`, `phase2`, ...), in order."""
+  try:
+    names = [n for n in os.listdir(path) if _PHASE.fullmatch(n)]
+  except OSError:
+    return []
+  return sorted(names, key=lambda n: int(n[5:]))
+
+
+def last_line(path: str) -> str:
+  """The last non-empty line of a text file ('' when there is none)."""
+  try:
+    with open(path, "rb") as f:
+      f.seek(max(0, os.path.getsize(path) - 8192))
+      text = f.read().decode("utf-8", "replace")
+  except OSError:
+    return ""
+  lines = [x.strip() for x in re.split(r"[\r\n]", text) if x.strip()]
+  return lines[-1] if lines else ""
+
+
+def read_json(path: str) -> Any:
+  """The JSON value in `path`, or None when it is missing or unreadable."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _read_record(run_dir: str) -> dict[str, Any]:
+  record = read_json(os.path.join(run_dir, RECORD))
+  return record if isinstance(record, dict) else {}
+
+
+def _write_record(run_dir: str, record: dict[str, Any]) -> None:
+  path = os.path.join(run_dir, RECORD)
+  with open(path + ".tmp", "w") as f:
+    json.dump(record, f, indent=2)
+  os.replace(path + ".tmp", path)
+
+
+def _note(run_dir: str, text: str) -> None:
+  with open(os.path.join(run_dir, LOG), "a") as f:
+    f.write(f"[sweep {time.strftime('%Y-%m-%d %H:%M:%S')}] {text}\n")
+
+
+class _Stop:
+  """The first SIGINT/SIGTERM stops starting runs and sends SIGTERM to the running ones (they
+  save a checkpoint); a second Ctrl-C passes SIGINT on (they stop without saving)."""
+
+  def __init__(self):
+    self.count = 0
+    self.children: list[subprocess.Popen] = []
+
+  def __call__(self, signum, frame) -> None:
+    self.count += 1
+    forward = signal.SIGTERM if self.count == 1 or signum != signal.SIGINT else signal.SIGINT
+    if self.count == 1:
+      print("Sweep interrupted: stopping the running runs (each saves a checkpoint); rerun the "
+            "same command to continue.", flush=True)
+    for child in self.children:
+      if child.poll() is None:
+        try:
+          child.send_signal(forward)
+        except ProcessLookupError:
+          pass
+
+
+def _new_record(point: Point, task: str, workdir: str, attempts: list[dict[str, Any]]
+                ) -> dict[str, Any]:
+  return {"task": task, "config_arg": point.config_arg,
+          "overrides": [list(o) for o in point.overrides],
+          "staged_phases": point.staged_phases, "command": point.argv(task, workdir),
+          "attempts": attempts}
+
+
+def _start(point: Point, task: str, workdir: str, total: int) -> tuple[subprocess.Popen, float]:
+  run_dir = os.path.join(workdir, point.name)
+  argv = point.argv(task, workdir)
+  record = _read_record(run_dir)
+  if record.get("command") and record["command"] != argv:
+    _note(run_dir, "the command differs from the previous attempt's; the trainer resumes with "
+                   "the new config and keeps the old one as config.previous.json.")
+  _note(run_dir, f"starting: lra {shlex.join(argv)}")
+  log = open(os.path.join(run_dir, LOG), "a")
+  child = subprocess.Popen([sys.executable, "-m", "launch.cli", *argv], stdout=log,
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+  log.close()
+  attempts = record.get("attempts", [])
+  attempts.append({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(),
+                   "pid": child.pid})
+  _write_record(run_dir, _new_record(point, task, workdir, attempts))
+  print(f"[{point.index}/{total}] {point.name}: started (log {os.path.join(run_dir, LOG)})",
+        flush=True)
+  return child, time.time()
+
+
+def _finish(point: Point, workdir: str, rc: int, seconds: float) -> str:
+  run_dir = os.path.join(workdir, point.name)
+  line = last_line(os.path.join(run_dir, LOG))
+  record = _read_record(run_dir)
+  if record.get("attempts"):
+    record["attempts"][-1].update(exit_code=rc, seconds=round(seconds, 1), last_line=line)
+    _write_record(run_dir, record)
+  return line
+
+
+def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int) -> int:
+  """Runs the unfinished points, `parallel` at a time; prints progress and the summary.
+  Returns 0 when every run finished, 130 when interrupted, 1 when some failed."""
+  total = len(points)
+  todo, skipped, busy = [], [], []
+  for p in points:
+    run_dir = os.path.join(workdir, p.name)
+    os.makedirs(run_dir, exist_ok=True)
+    if finished(run_dir, p):
+      _note(run_dir, "finished earlier (results.json exists); skipped.")
+      skipped.append(p)
+      earlier = _read_record(run_dir).get("command")
+      if earlier and earlier != p.argv(task, workdir):
+        print(f"[{p.index}/{total}] {p.name}: finished earlier with another command (see its "
+              f"{RECORD}); its results are kept: delete the folder to run it again.",
+              flush=True)
+    elif (pid := live_pid(run_dir)) is not None:
+      _note(run_dir, f"running in process {pid}; skipped.")
+      busy.append((p, pid))
+    else:
+      todo.append(p)
+      if not _read_record(run_dir):   # listed by `lra results` as pending until it starts
+        _write_record(run_dir, _new_record(p, task, workdir, []))
+  runs = f"{total} run{'' if total == 1 else 's'}"
+  print(f"Sweep of {task}: {runs} in {workdir}: {len(skipped)} finished earlier "
+        f"(skipped), {len(busy)} running elsewhere, {len(todo)} to run, {parallel} at a time.",
+        flush=True)
+  stop = _Stop()
+  previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+  done, failed, stopped = [], [], []
+  running: dict[subprocess.Popen, tuple[Point, float]] = {}
+  try:
+    pending = list(todo)
+    while pending or running:
+      while pending and len(running) < parallel and not stop.count:
+        child, t0 = _start(p := pending.pop(0), task, workdir, total)
+        running[child] = (p, t0)
+        stop.children.append(child)
+      if stop.count:
+        stopped += pending
+        pending = []
+      for child in [c for c in running if c.poll() is not None]:
+        p, t0 = running.pop(child)
+        rc = child.returncode
+        seconds = time.time() - t0
+        line = _finish(p, workdir, rc, seconds)
+        if rc == 0:
+          done.append(p)
+          print(f"[{p.index}/{total}] {p.name}: finished in {seconds:.0f} s: {line}", flush=True)
+        elif rc == 130 or rc < 0:
+          stopped.append(p)
+          print(f"[{p.index}/{total}] {p.name}: stopped (exit {rc}): {line}", flush=True)
+        else:
+          failed.append((p, rc, line))
+          print(f"[{p.index}/{total}] {p.name}: FAILED (exit {rc}): {line}", flush=True)
+      time.sleep(0.1)
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+  print(f"Summary: {runs}: {len(done)} finished now, {len(skipped)} finished earlier "
+        f"(skipped), {len(busy)} running elsewhere, {len(stopped)} stopped, "
+        f"{len(failed)} failed.", flush=True)
+  for p, pid in busy:
+    print(f"  running elsewhere: {p.name} (process {pid})", flush=True)
+  for p, rc, line in sorted(failed, key=lambda f: f[0].index):
+    log = os.path.join(workdir, p.name, LOG)
+    print(f"  failed: {p.name} (exit {rc}): {line or 'no output'} [log {log}]", flush=True)
+  if stopped:
+    stopped.sort(key=lambda p: p.index)
+    print("  stopped: " + ", ".join(p.name for p in stopped) + "; rerun the same command to "
+          "continue.", flush=True)
+  if failed:
+    return 1
+  return 130 if stopped or stop.count else 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("task", help=f"one of: {', '.join(sorted(tasks_lib.TASKS))}")
+  parser.add_argument("--sweep", default=None,
+                      help="which sweep of configs/TASK.py: NAME runs sweep_NAME (default: sweep)")
+  parser.add_argument("--arg", default="",
+                      help="get_config arguments replacing or extending every point's, e.g. "
+                           "size=small")
+  parser.add_argument("--workdir", required=True,
+                      help="the sweep's folder: one sub-folder per run, named after its point")
+  parser.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
+  parser.add_argument("--runner", default="local", choices=("local", "tpu", "slurm"),
+                      help="where the runs go; only `local` exists so far")
+  parser.add_argument("--dry_run", action="store_true",
+                      help="print one `lra run` command per point and run nothing")
+
+
+def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
+  """`lra sweep`: checks every point, then prints the commands or runs them."""
+  if args.runner != "local":
+    print(f"error: the {args.runner} runner is not there yet; use --runner local (see "
+          f"docs/launch.md).", file=sys.stderr)
+    return 2
+  if args.parallel < 1:
+    print("error: --parallel must be at least 1.", file=sys.stderr)
+    return 2
+  try:
+    points = expand(args.task, args.sweep, arg=args.arg, overrides=overrides)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if args.dry_run:
+    for p in points:
+      print("lra " + shlex.join(p.argv(args.task, args.workdir)))
+    done = sum(finished(os.path.join(args.workdir, p.name), p) for p in points)
+    if done:
+      print(f"({done} of {len(points)} have finished in {args.workdir}; a sweep skips them.)",
+            file=sys.stderr)
+    return 0
+  return run_points(points, args.task, args.workdir, args.parallel)
