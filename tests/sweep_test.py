@@ -1,0 +1,280 @@
+"""Tests for launch/sweep.py and launch/results.py: ListOps sweeps of 2 attention kinds x 2 seeds
+(tiny data, 20 steps) run 2 at a time through the `lra` command, one killed and rerun; their
+results as a table in every format and in the LRA layout; and the sweeps refused before anything
+runs."""
+
+import csv
+import io
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import configs
+from configs import listops
+from launch import cli, results, sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config.data.num_train=200", "--config.data.num_val=40", "--config.data.num_test=40",
+        "--config.eval_batch_size=40", "--config.num_train_steps=20", "--config.eval_every=10",
+        "--config.checkpoint_every=10", "--config.log_every=10", "--config.progress=false"]
+NAMES = [f"attention={k},size=small,seed={s}" for k in ("dot_product", "band") for s in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  data = str(tmp_path_factory.mktemp("data"))
+  return {**os.environ, "LRA_DATA": data, "JAX_PLATFORMS": "cpu",
+          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+
+
+def sweep_argv(workdir) -> list[str]:
+  return [sys.executable, "-m", "launch.cli", "sweep", "listops", "--sweep", "kinds_small",
+          "--workdir", str(workdir), "--parallel", "2", *TINY]
+
+
+def lra(env, *args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "launch.cli", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+
+
+def results_json(workdir, name):
+  return os.path.join(workdir, name, "results.json")
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, env):
+  """A 4-point sweep, 2 at a time, run to the end: (workdir, output, seconds)."""
+  workdir = tmp_path_factory.mktemp("sweep")
+  t0 = time.time()
+  out = subprocess.run(sweep_argv(workdir), cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+  seconds = time.time() - t0
+  assert out.returncode == 0, out.stdout + out.stderr
+  return workdir, out.stdout, seconds
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, env):
+  """A sweep killed (SIGKILL to it and its runs) once its first run finished, then rerun."""
+  workdir = tmp_path_factory.mktemp("killed")
+  with open(workdir / "first.out", "w") as log:
+    first = subprocess.Popen(sweep_argv(workdir), cwd=ROOT, env=env, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 240
+    while not any(os.path.exists(results_json(workdir, n)) for n in NAMES):
+      assert first.poll() is None and time.time() < deadline, (workdir / "first.out").read_text()
+      time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+  while time.time() < deadline:  # until every killed run has exited
+    try:
+      os.killpg(first.pid, 0)
+    except ProcessLookupError:
+      break
+    time.sleep(0.1)
+  done = {n: os.stat(results_json(workdir, n)).st_mtime_ns for n in NAMES
+          if os.path.exists(results_json(workdir, n))}
+  again = subprocess.run(sweep_argv(workdir), cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+  return workdir, done, again
+
+
+def test_a_sweep_of_four_points_two_at_a_time_completes(swept):
+  workdir, out, seconds = swept
+  print(f"4-point sweep, --parallel 2: {seconds:.1f} s")
+  assert "4 runs in" in out and "2 at a time" in out
+  assert "Summary: 4 runs: 4 finished now, 0 finished earlier (skipped)" in out
+  assert sorted(os.listdir(workdir)) == sorted(NAMES)
+  for name in NAMES:
+    with open(results_json(workdir, name)) as f:
+      r = json.load(f)
+    assert r["steps"] == 20 and r["attention"] == name.split(",")[0].split("=")[1]
+    record = json.load(open(os.path.join(workdir, name, "sweep.json")))
+    assert record["attempts"][-1]["exit_code"] == 0
+    assert "test accuracy" in record["attempts"][-1]["last_line"]
+
+
+def test_a_killed_sweep_rerun_finishes_only_what_was_missing(killed):
+  workdir, done, again = killed
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert 1 <= len(done) < 4, done
+  assert f"{4 - len(done)} finished now, {len(done)} finished earlier (skipped)" in again.stdout
+  for name in NAMES:
+    assert os.path.exists(results_json(workdir, name))
+    log = open(os.path.join(workdir, name, "log.txt")).read()
+    if name in done:  # not retrained: results untouched, the log says skipped
+      assert os.stat(results_json(workdir, name)).st_mtime_ns == done[name]
+      assert log.rstrip().endswith("finished earlier (results.json exists); skipped.")
+      assert log.count("starting: lra run") == 1
+    else:
+      assert f"] {name}: finished in" in again.stdout
+
+
+def test_dry_run_prints_the_exact_commands(swept, capsys, monkeypatch):
+  workdir, _, _ = swept
+  assert cli.main(["sweep", "listops", "--sweep", "kinds_small", "--workdir", str(workdir),
+                   "--parallel", "2", "--dry_run", *TINY]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  recorded = ["lra " + shlex.join(json.load(open(os.path.join(workdir, n, "sweep.json")))[
+      "command"]) for n in NAMES]
+  assert lines == recorded
+  assert lines[0].startswith("lra run listops --arg attention=dot_product,size=small "
+                             f"--workdir {workdir}/attention=dot_product,size=small,seed=0 "
+                             "--config.seed=0 --config.data.num_train=200")
+
+
+def test_results_table_lists_every_run(swept, env):
+  workdir, _, _ = swept
+  out = lra(env, "results", str(workdir))
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  assert lines[0].startswith("| run | task | attention | size | overrides | seed | steps |")
+  rows = [line for line in lines[2:] if line.startswith("| ")]
+  assert len(rows) == 4
+  for name, row in zip(sorted(NAMES), rows):
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == name and cells[1] == "listops" and cells[3] == "small"
+    assert cells[5] == name[-1] and cells[6] == "20/20" and cells[-1] == "finished"
+    assert "num_train_steps=20" in cells[4] and "seed" not in cells[4]
+
+
+def test_results_csv_and_json_parse_back(swept, env):
+  workdir, _, _ = swept
+  as_csv = list(csv.DictReader(io.StringIO(lra(env, "results", str(workdir), "--format",
+                                               "csv", "--sort", "test").stdout)))
+  as_json = json.loads(lra(env, "results", str(workdir), "--format", "json").stdout)
+  assert [r["run"] for r in as_json] == sorted(NAMES)
+  assert sorted(r["run"] for r in as_csv) == sorted(NAMES)
+  tests = [float(r["test"]) for r in as_csv]
+  assert tests == sorted(tests, reverse=True)  # accuracy: best first
+  for r in as_json:
+    assert r["status"] == "finished" and r["metric"] == "accuracy" and r["steps"] == 20
+    assert 0 <= r["test"] <= 1 and 0 < r["majority_class_rate"] < 1 and r["wall_seconds"] > 0
+    assert r["best_step"] in (10, 20) and r["seed"] in (0, 1)
+    assert r["params"] == 77_258   # 2 layers of width 64 (listops small)
+  by_run = {r["run"]: r for r in as_csv}
+  assert all(int(by_run[r["run"]]["params"]) == r["params"] for r in as_json)
+
+
+def test_results_lra_layout(swept, env):
+  workdir, _, _ = swept
+  out = lra(env, "results", str(workdir), "--lra")
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  assert lines[0].startswith("Test accuracy (%), mean ± std over 2 seed(s)")
+  assert lines[1].startswith("All runs: size=small ") and "num_train_steps=20" in lines[1]
+  header = "| attention | ListOps | Text | Retrieval | Image | Pathfinder | Path-X | Avg |"
+  assert header in lines
+  accuracy = lines[:lines.index("Parameters:")]
+  rows = {line.split("|")[1].strip(): line for line in accuracy if line.startswith("| b") or
+          line.startswith("| d")}
+  assert set(rows) == {"band", "dot_product"}
+  as_json = json.loads(lra(env, "results", str(workdir), "--lra", "--format", "json").stdout)
+  for cell in as_json["cells"]:
+    accs = [100 * json.load(open(results_json(workdir, n)))["test_accuracy"] for n in NAMES
+            if f"attention={cell['row']}," in n]
+    assert cell["task"] == "listops" and cell["seeds"] == 2
+    assert cell["mean"] == pytest.approx(sum(accs) / 2, abs=0.01)
+    # 20 steps learn nothing: within a point of the majority class is FAIL
+    assert cell["fail"] == (cell["mean"] <= cell["majority"] + 1)
+    text = rows[cell["row"]].split("|")[2].strip()
+    assert (f"{cell['mean']:.2f}" in text) and (text.startswith("FAIL") == cell["fail"])
+  assert "Parameters:" in lines
+
+
+def failing_point(index: int, empty: str) -> sweep.Point:
+  overrides = [("data.generate", "false"), ("data.data_dir", f"{empty}/d{index}"),
+               ("data.manual_dir", f"{empty}/m")]
+  return sweep.Point(index, "attention=band,size=small", overrides, f"broken{index}")
+
+
+def test_a_failed_run_does_not_stop_the_others_and_is_named(env, tmp_path, capsys,
+                                                           monkeypatch):
+  for key in ("LRA_DATA", "JAX_PLATFORMS", "XLA_FLAGS"):
+    monkeypatch.setenv(key, env[key])
+  workdir = tmp_path / "runs"
+  points = [failing_point(1, str(tmp_path)), failing_point(2, str(tmp_path))]
+  assert sweep.run_points(points, "listops", str(workdir), 1) == 1
+  out = capsys.readouterr().out
+  assert "Summary: 2 runs: 0 finished now, 0 finished earlier (skipped)" in out
+  assert "0 stopped, 2 failed." in out
+  for name in ("broken1", "broken2"):  # the second ran after the first failed
+    assert f"  failed: {name} (exit 2): error: ListOps TSVs " in out
+  table = json.loads(lra(env, "results", str(workdir), "--format", "json").stdout)
+  assert [(r["run"], r["status"]) for r in table] == [("broken1", "failed"), ("broken2", "failed")]
+  assert all(r["reason"].startswith("error: ListOps TSVs ") for r in table)
+
+
+def test_repeated_points_and_unknown_fields_fail_before_anything_runs(tmp_path, capsys,
+                                                                      monkeypatch):
+  def twice(add):
+    add(config_arg="attention=band,size=small", seed=0)
+    add(config_arg="size=small,attention=band", seed=0)
+
+  def typo(add):
+    add(config_arg="attention=band,size=small", seed=0)
+    add(config_arg="attention=band,size=small", seed=1, model={"dropuot": 0.1})
+
+  monkeypatch.setattr(listops, "sweep_twice", twice, raising=False)
+  monkeypatch.setattr(listops, "sweep_typo", typo, raising=False)
+  workdir = tmp_path / "never"
+  for name, message in (
+      ("twice", "error: sweep point 2 (size=small,attention=band,seed=0) repeats sweep point 1: "
+                "both resolve to the same config; change or remove one."),
+      ("typo", "error: sweep point 2 (attention=band,size=small,model.dropuot=0.1,seed=1): "
+               "unknown config field 'model.dropuot'; valid fields of model: ")):
+    assert cli.main(["sweep", "listops", "--sweep", name, "--workdir", str(workdir)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(message) and err.count("\n") == 1, err
+  # --config overrides apply to every point: a fixed seed makes the seeds repeat
+  assert cli.main(["sweep", "listops", "--sweep", "kinds_small", "--workdir", str(workdir),
+                   "--config.seed=3"]) == 2
+  assert "sweep point 2" in capsys.readouterr().err
+  assert cli.main(["sweep", "listops", "--sweep", "nope", "--workdir", str(workdir)]) == 2
+  assert "its sweeps: default, kinds_small, twice, typo." in capsys.readouterr().err
+  assert cli.main(["sweep", "listops", "--runner", "tpu", "--workdir", str(workdir)]) == 2
+  assert "the tpu runner is not there yet" in capsys.readouterr().err
+  assert not workdir.exists()
+
+
+def test_every_config_sweep_expands_and_names_its_runs():
+  for task in ("listops", "text", "retrieval", "image", "pathfinder", "pathx", "enwik8",
+               "text8"):
+    points = sweep.expand(task)
+    names = [p.name for p in points]
+    assert len(set(names)) == len(names) and all("/" not in n for n in names)
+  small = sweep.expand("listops", arg="size=small")
+  assert all(",size=small," in p.name for p in small)
+  staged = sweep.expand("enwik8", arg="size=small")
+  assert staged[0].staged_phases == 2
+  assert sweep.run_name("attention=band", [("model.attention.dilation", "(1, 2)"),
+                                           ("seed", "1"), ("data.data_dir", "/x y")]) == \
+      "attention=band,model.attention.dilation=_1,2_,data.data_dir=_xy,seed=1"
+
+
+def test_results_status_of_unfinished_runs(tmp_path):
+  config = configs.build_config("listops", attention="band", size="small",
+                                overrides=[("seed", "4"), ("model.num_layers", "3")])
+  for name in ("failed", "running", "interrupted"):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(config.to_json_best_effort(indent=2))
+  (tmp_path / "failed" / "error.log").write_text("Traceback ...\nOSError: disk on fire\n")
+  (tmp_path / "running" / "lock").write_text(json.dumps(
+      {"host": os.uname().nodename, "pid": os.getpid(), "started": "now"}))
+  (tmp_path / "interrupted" / "metrics.jsonl").write_text(
+      '{"step": 10, "split": "validation", "accuracy": 0.3}\n'
+      '{"step": 20, "split": "validation", "accuracy": 0.25}\n')
+  rows = {r["run"]: r for r in results.collect(str(tmp_path))}
+  assert {k: r["status"] for k, r in rows.items()} == {
+      "failed": "failed", "running": "running", "interrupted": "interrupted"}
+  assert rows["failed"]["reason"].startswith("OSError: disk on fire")
+  assert rows["interrupted"]["best_validation"] == 0.3 and rows["interrupted"]["best_step"] == 10
+  r = rows["interrupted"]
+  assert r["overrides"] == "model.num_layers=3" and r["seed"] == 4 and r["test"] is None
+  assert r["params"] == results.abstract_params(json.loads(config.to_json_best_effort()))
