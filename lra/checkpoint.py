@@ -18,6 +18,7 @@ count, and any change of one byte of one array changes it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -123,6 +124,19 @@ def _stderr_kept_for(log_path: str):
           os.write(2, text)
       except OSError:
         pass   # the disk may be the very thing that is full
+      if failed:   # orbax's abandoned tasks report again when the interpreter shuts down
+        atexit.register(stderr_to, log_path)
+
+
+def stderr_to(log_path: str) -> None:
+  """Sends what is written to stderr from now on to `log_path` (or nowhere)."""
+  sys.stderr.flush()
+  try:
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  except OSError:
+    fd = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(fd, 2)
+  os.close(fd)
 
 
 def remove_unfinished(directory: str) -> list[str]:
