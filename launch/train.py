@@ -102,7 +102,11 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
           "checkpoint.", file=sys.stderr)
     return 130
   except Exception as e:  # noqa: BLE001 - one line naming the cause; the traceback to a file
-    print(f"error: {failure_line(e, workdir)}", file=sys.stderr)
+    line = failure_line(e, workdir)
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    if line.startswith("no space left"):   # orbax's abandoned writes report as they end
+      from lra import checkpoint
+      checkpoint.stderr_to(os.path.join(workdir, "error.log"))
     return 2
   if results["interrupted"]:
     return 130
