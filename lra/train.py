@@ -128,6 +128,12 @@ class _StopFlag:
     return False
 
 
+def _with_shardings(tree: Any, shardings: Any) -> Any:
+  """ShapeDtypeStructs of `tree`'s leaves carrying the matching leaf of `shardings`."""
+  return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                      tree, shardings)
+
+
 def _write_json(path: str, obj: Any) -> None:
   if jax.process_index() != 0:
     return
@@ -152,10 +158,44 @@ def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     f.write(text)
 
 
+# Plans kept by `Trainer.keep` (a preflight's), by config: at most one per config.
+_PLANNED: dict[str, "Trainer"] = {}
+
+
+def _plan_key(config: ml_collections.ConfigDict) -> str:
+  """What identifies the steps of `config`: all of it but `init_from` (initial values only)."""
+  fields = config.to_dict()
+  fields.pop("init_from", None)
+  return json.dumps(fields, sort_keys=True, default=str)
+
+
 class Trainer:
-  """Builds the mesh, model, optimizer and jitted steps for one config."""
+  """Builds the mesh, model, optimizer and jitted steps for one config.
+
+  `Trainer(config)` allocates the parameters and optimizer state (`state`) directly in their
+  shardings. `Trainer.abstract(config)` builds the same mesh, shardings and jitted steps with
+  only abstract state (`abstract_state()`, `abstract_rest`: ShapeDtypeStructs with shardings),
+  allocating nothing: `lra.preflight` lowers and compiles the steps on it, and `keep()` passes
+  them on to the run's `Trainer(config)`.
+  """
 
   def __init__(self, config: ml_collections.ConfigDict):
+    planned = _PLANNED.pop(_plan_key(config), None)
+    if planned is not None:   # the preflight's plan: its steps are traced and compiled already
+      self.__dict__.update(planned.__dict__)
+    else:
+      self._plan(config)
+    self.allocate()
+
+  @classmethod
+  def abstract(cls, config: ml_collections.ConfigDict) -> "Trainer":
+    """The trainer of `config` without parameters: mesh, shardings, abstract state and steps."""
+    self = cls.__new__(cls)
+    self._plan(config)
+    return self
+
+  def _plan(self, config: ml_collections.ConfigDict) -> None:
+    """Everything but the arrays: the mesh, abstract state with shardings, the jitted steps."""
     self.config = config
     self.task = tasks_lib.get_task(config.task)
     validate_config(config, self.task)
@@ -173,26 +213,27 @@ class Trainer:
     def build():
       return nnx.split(task.build_model(cfg, nnx.Rngs(seed)), nnx.Param, ...)
 
+    self._build = build
     graphdef, abs_params, abs_rest = nnx.eval_shape(build)
     self.graphdef = graphdef
-    param_sh = mesh_lib.state_shardings(abs_params, self.mesh, self.rules)
-    rest_sh = mesh_lib.state_shardings(abs_rest, self.mesh, self.rules)
-    self.params, self.rest = jax.jit(lambda: build()[1:], out_shardings=(param_sh, rest_sh))()
+    self.param_sh = mesh_lib.state_shardings(abs_params, self.mesh, self.rules)
+    self.rest_sh = mesh_lib.state_shardings(abs_rest, self.mesh, self.rules)
+    abs_params = _with_shardings(abs_params, self.param_sh)
+    self.abstract_rest = _with_shardings(abs_rest, self.rest_sh)
     self.tx = make_optimizer(config)
-    opt_sh = mesh_lib.match_param_shardings(jax.eval_shape(self.tx.init, self.params),
-                                            self.params, self.mesh)
-    opt = jax.jit(self.tx.init, out_shardings=opt_sh)(self.params)
-    step = jax.device_put(jnp.zeros((), jnp.int32), mesh_lib.replicated(self.mesh))
-    self.state = {"params": self.params, "opt": opt, "step": step}
-    self.state_sh = jax.tree.map(lambda x: x.sharding, self.state)
-    self.traces = 0
+    abs_opt = jax.eval_shape(self.tx.init, abs_params)
+    self.opt_sh = mesh_lib.match_param_shardings(abs_opt, abs_params, self.mesh)
+    repl = mesh_lib.replicated(self.mesh)
+    self.state_sh = {"params": self.param_sh, "opt": self.opt_sh, "step": repl}
+    self._abstract_state = {"params": abs_params, "opt": _with_shardings(abs_opt, self.opt_sh),
+                            "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=repl)}
+    traces = self._traces = [0]   # shared with a Trainer that adopts this plan
     objective = task.objective
     base_key = jax.random.key(seed + 1)
     tx = self.tx
-    repl = mesh_lib.replicated(self.mesh)
 
     def train_step(state, batch, rest):
-      self.traces += 1  # runs at trace time only
+      traces[0] += 1  # runs at trace time only
       rng = jax.random.fold_in(base_key, state["step"])
 
       def loss_fn(params):
@@ -214,8 +255,31 @@ class Trainer:
                               donate_argnums=0)
     self.eval_step = jax.jit(eval_step, out_shardings=repl)
 
+  def allocate(self) -> "Trainer":
+    """Creates the parameters, the rest of the model's state and the optimizer state (`state`);
+    returns the trainer."""
+    build = self._build
+    self.params, self.rest = jax.jit(lambda: build()[1:],
+                                     out_shardings=(self.param_sh, self.rest_sh))()
+    opt = jax.jit(self.tx.init, out_shardings=self.opt_sh)(self.params)
+    step = jax.device_put(jnp.zeros((), jnp.int32), self.state_sh["step"])
+    self.state = {"params": self.params, "opt": opt, "step": step}
+    return self
+
+  @property
+  def traces(self) -> int:
+    """How many times the train step was traced (once, unless its input shapes changed)."""
+    return self._traces[0]
+
+  def keep(self) -> None:
+    """Hands this trainer's plan (`Trainer.abstract`), whose steps `lra.preflight` compiled,
+    to the next `Trainer` built for the same config in this process, which then reuses the
+    traced and compiled steps instead of building its own."""
+    _PLANNED[_plan_key(self.config)] = self
+
   def abstract_state(self):
-    return checkpoint.abstract_like(self.state)
+    """The train state as ShapeDtypeStructs with their shardings (a restore target)."""
+    return self._abstract_state
 
   def evaluate(self, params, batches: Iterable[dict], *, label_counts: np.ndarray | None = None
                ) -> dict[str, float]:

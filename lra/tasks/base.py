@@ -29,6 +29,14 @@ def weighted_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array
           "weight": jnp.sum(weights)}
 
 
+def eval_weights(spec: dict[str, jax.ShapeDtypeStruct], batch_size: int, split: str
+                 ) -> dict[str, jax.ShapeDtypeStruct]:
+  """`spec` plus the evaluation batches' `weights` [B] float32 (0 for filler examples)."""
+  if split != "train":
+    spec["weights"] = jax.ShapeDtypeStruct((batch_size,), jnp.float32)
+  return spec
+
+
 def example_weights(batch: Mapping[str, jax.Array]) -> jax.Array:
   """Per-example weights: the eval batch's `weights` (0 for filler examples), else ones."""
   if "weights" in batch:
@@ -59,6 +67,13 @@ class Task:
   def build_model(self, model_cfg: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     """The NNX model for `model_cfg` (the `config.model` fields plus vocab, classes, length)."""
     raise NotImplementedError(f"{type(self).__name__} does not define its model.")
+
+  def batch_spec(self, data_cfg: ml_collections.ConfigDict, batch_size: int,
+                 split: str = "train") -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes and dtypes of a global batch of `split` as the data pipeline yields it
+    (evaluation batches add `weights` [B] float32), without reading any data: what
+    `lra.preflight` compiles the steps for."""
+    raise NotImplementedError(f"{type(self).__name__} does not describe its batches.")
 
   def check_layers(self, kinds: Sequence[str]) -> None:
     """Raises ValueError when the task cannot train with these per-layer attention kinds."""

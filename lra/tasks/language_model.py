@@ -13,11 +13,13 @@ import math
 from typing import Any, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
 import models
 from attention import kinds as attention_kinds
-from lra.tasks.base import Task, weighted_sums
+from lra.tasks.base import Task, eval_weights, weighted_sums
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +28,16 @@ class LanguageModelTask(Task):
 
   def build_model(self, model_cfg: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     return models.LanguageModel(model_cfg, rngs=rngs)
+
+  def batch_spec(self, data_cfg: ml_collections.ConfigDict, batch_size: int,
+                 split: str = "train") -> dict[str, jax.ShapeDtypeStruct]:
+    """Character windows: inputs, targets, mask int32 [B, L]; L is max_length in training and
+    eval_length (when set) in evaluation."""
+    length = int(data_cfg.max_length)
+    if split != "train":
+      length = int(data_cfg.get("eval_length", 0) or length)
+    window = jax.ShapeDtypeStruct((batch_size, length), jnp.int32)
+    return eval_weights({"inputs": window, "targets": window, "mask": window}, batch_size, split)
 
   def check_layers(self, kinds: Sequence[str]) -> None:
     for kind in kinds:
