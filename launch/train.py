@@ -10,6 +10,14 @@ the valid names at that level. The resolved values (and each phase's) are then c
 status 2, before jax is imported. The `lra` console command (launch/cli.py) calls this. Staged
 configs (`config.phases`, the character-LM ones) run through `lra.phases`, one workdir per phase;
 rerunning the command continues the schedule.
+
+Before any data work, the preflight (`lra.preflight`) compiles the train and eval steps on
+abstract inputs and stops a run that cannot fit the devices' memory with one line and exit
+status 2 (`--no_preflight` skips it). `--dry_run` prints what a run would be (the config's
+difference from the task's default, mesh and shardings, parameter count, memory per device,
+compile time; `--dry_run=steps:N` adds the time of N steps on random batches) and writes
+nothing. Compiled programs are kept in JAX's persistent cache (`lra.preflight.cache_directory`,
+off with `--no_compile_cache`), so the run reuses the preflight's compilation.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import errno
 import os
 import sys
 import traceback
-from typing import Sequence
+from typing import Any, Sequence
 
 import ml_collections
 
@@ -65,6 +73,47 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--workdir", default=None,
                       help="run directory (default workdirs/TASK-ATTENTION-SIZE); rerunning in "
                            "it resumes")
+  parser.add_argument("--dry_run", nargs="?", const="steps:0", default=None, metavar="steps:N",
+                      help="print the config's changes, mesh, shardings, parameter count, "
+                           "memory per device and compile time (steps:N: and the time of N "
+                           "steps on random batches) without training or writing anything")
+  parser.add_argument("--no_preflight", action="store_true",
+                      help="skip the memory check before the run")
+  parser.add_argument("--no_compile_cache", action="store_true",
+                      help="compile every program afresh instead of using the persistent "
+                           "compile cache")
+
+
+def dry_run_steps(value: str | None) -> int | None:
+  """The N of `--dry_run=steps:N` (0 for a bare `--dry_run`); None without `--dry_run`."""
+  if value is None:
+    return None
+  head, _, count = value.partition(":")
+  if head != "steps" or not count.isdigit():
+    raise ValueError(f"--dry_run takes no value or steps:N (N timed steps), got {value!r}.")
+  return int(count)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  if isinstance(tree, dict):
+    out = {}
+    for key, value in tree.items():
+      out.update(_flatten(value, f"{prefix}{key}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def config_changes(config: ml_collections.ConfigDict) -> tuple[str, list[str]]:
+  """(the default it is compared with, `field: default -> value` for every field that differs
+  from the task's config of the same attention kind and size without overrides)."""
+  arg = dict(p.split("=", 1) for p in config.config_arg.split(","))
+  default = configs.build_config(config.task, attention=arg["attention"], size=arg["size"])
+  before, after = _flatten(default.to_dict()), _flatten(config.to_dict())
+  missing = "(absent)"
+  lines = [f"  {key}: {before.get(key, missing)!r} -> {after.get(key, missing)!r}"
+           for key in sorted(set(before) | set(after))
+           if before.get(key, missing) != after.get(key, missing)]
+  return default.config_arg, lines
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -80,38 +129,135 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     config = configs.build_config(args.task, attention=args.attention, size=args.size,
                                   arg=args.arg, overrides=overrides)
     check_config(config)
+    dry_steps = dry_run_steps(getattr(args, "dry_run", None))
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   workdir = args.workdir or default_workdir(args.task, config)
-  from lra import train  # heavy imports only once the arguments are valid
+  from lra import preflight, train  # heavy imports only once the arguments are valid
   from lra.data import archives
   task = tasks_lib.get_task(config.task)
-  try:  # names, combinations and phases first, then the data: all before anything compiles
+  try:  # names and combinations, then the preflight, then the data: all before the run
     train.validate_config(phases.phase_config(config, 0) if config.get("phases") else config,
                           task)
-    task.prepare(config.data)
-  except (ValueError, archives.DataMissingError, archives.CorruptArchiveError) as e:
+  except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  print(f"Training {args.task} ({config.config_arg}) in {workdir}", flush=True)
-  try:
-    results = phases.run(config, workdir)
-  except KeyboardInterrupt:
-    print("error: interrupted (Ctrl-C twice); rerun the same command to resume from the last "
-          "checkpoint.", file=sys.stderr)
-    return 130
-  except Exception as e:  # noqa: BLE001 - one line naming the cause; the traceback to a file
-    line = failure_line(e, workdir)
-    print(f"error: {line}", file=sys.stderr, flush=True)
-    if line.startswith("no space left"):   # orbax's abandoned writes report as they end
-      from lra import checkpoint
-      checkpoint.stderr_to(os.path.join(workdir, "error.log"))
-    return 2
+  with preflight.compile_cache(not getattr(args, "no_compile_cache", False)):
+    if dry_steps is not None:
+      return dry_run(config, workdir, dry_steps)
+    if not getattr(args, "no_preflight", False):
+      status = run_preflight(config, workdir)
+      if status:
+        return status
+    try:
+      task.prepare(config.data)
+    except (ValueError, archives.DataMissingError, archives.CorruptArchiveError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+    print(f"Training {args.task} ({config.config_arg}) in {workdir}", flush=True)
+    try:
+      results = phases.run(config, workdir)
+    except KeyboardInterrupt:
+      print("error: interrupted (Ctrl-C twice); rerun the same command to resume from the last "
+            "checkpoint.", file=sys.stderr)
+      return 130
+    except Exception as e:  # noqa: BLE001 - one line naming the cause; the traceback to a file
+      line = failure_line(e, workdir)
+      print(f"error: {line}", file=sys.stderr, flush=True)
+      if line.startswith("no space left"):   # orbax's abandoned writes report as they end
+        from lra import checkpoint
+        checkpoint.stderr_to(os.path.join(workdir, "error.log"))
+      return 2
   if results["interrupted"]:
     return 130
   print(task.result_line(results, phases.results_path(workdir, results)), flush=True)
   return 0
+
+
+def _configs_to_check(config: ml_collections.ConfigDict, workdir: str
+                      ) -> list[tuple[str, ml_collections.ConfigDict]]:
+  """(label, config) of the run, or of each phase a staged run has not finished yet."""
+  if not config.get("phases"):
+    return [("", config)]
+  count = len(config.phases)
+  return [(f" phase {k + 1}/{count}", phases.phase_config(config, k)) for k in range(count)
+          if phases.finished_results(os.path.join(workdir, f"phase{k + 1}")) is None]
+
+
+def _preflight(config: ml_collections.ConfigDict):
+  """`lra.preflight.check(config)`, or the one line saying why it could not be done."""
+  from lra import preflight
+  try:
+    return preflight.check(config)
+  except ValueError as e:   # what needs the devices, such as a batch the mesh cannot split
+    return f"{e}"
+  except KeyboardInterrupt:
+    return "interrupted during the preflight; nothing was started."
+  except Exception as e:  # noqa: BLE001 - whatever stops the compilation stops the run too
+    first = str(e).splitlines()[0][:300] if str(e) else ""
+    return (f"the preflight could not compile the steps: {type(e).__name__}: {first} "
+            f"(--no_preflight skips it).")
+
+
+def run_preflight(config: ml_collections.ConfigDict, workdir: str) -> int:
+  """Checks that the run (each unfinished phase) fits; 0, or 2 after one `error:` line."""
+  for label, c in _configs_to_check(config, workdir):
+    report = _preflight(c)
+    if isinstance(report, str):
+      print(f"error: {report}", file=sys.stderr)
+      return 130 if report.startswith("interrupted") else 2
+    if not report.fits:
+      print(f"error: {report.refusal()}", file=sys.stderr)
+      return 2
+    report.trainer.keep()   # the run's trainer reuses the compiled steps
+    free = "" if report.available is None else f" of {report.available / 1e9:.1f} GB available"
+    print(f"Preflight{label}: about {report.peak / 1e9:.2f} GB per device{free}; steps "
+          f"{'loaded' if report.train.cache_hit else 'compiled'} in "
+          f"{report.compile_seconds:.1f} s.", flush=True)
+  return 0
+
+
+def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:
+  """Prints what the run would be (see the module docstring); 2 when it cannot fit."""
+  from lra import preflight
+  print(f"dry run: {config.task} ({config.config_arg}); nothing is written to {workdir}")
+  default, changes = config_changes(config)
+  n = len(changes)
+  differ = "differs" if n == 1 else "differ"
+  print(f"config: {n} field{'s' * (n != 1)} {differ} from the default {config.task} ({default})")
+  for line in changes:
+    print(line)
+  status = 0
+  for label, c in _configs_to_check(config, workdir):
+    report = _preflight(c)
+    if isinstance(report, str):
+      print(f"error: {report}", file=sys.stderr)
+      return 2
+    mesh = report.trainer.mesh
+    devices = list(mesh.devices.flat)
+    print(f"mesh{label}: " + " x ".join(f"{k} {v}" for k, v in mesh.shape.items()) +
+          f" = {len(devices)} {devices[0].platform} device{'s' * (len(devices) > 1)}")
+    print("\n".join(preflight.sharding_table(report)))
+    print(f"parameters{label}: {report.param_count:,}")
+    print(f"memory{label}:")
+    print("\n".join(preflight.memory_lines(report)))
+    source = lambda p: "loaded from the cache" if p.cache_hit else "compiled"  # noqa: E731
+    print(f"compile{label}: {report.compile_seconds:.2f} s (train step "
+          f"{report.train.compile_seconds:.2f} s {source(report.train)}, eval step "
+          f"{report.eval.compile_seconds:.2f} s {source(report.eval)})")
+    if not report.fits:
+      print(f"verdict{label}: {report.refusal()}")
+      status = 2
+    elif steps:
+      times = sorted(preflight.time_steps(report, steps))
+      median = times[len(times) // 2]
+      total = median * int(c.num_train_steps)
+      span = f"{total / 60:.1f} min" if total < 7200 else f"{total / 3600:.1f} h"
+      print(f"time{label}: {steps} steps on random batches, median {median:.4f} s per step: "
+            f"{int(c.num_train_steps):,} steps in about {span} (evaluation and checkpoints "
+            f"not included)")
+  return status
 
 
 def _chain(e: BaseException) -> list[BaseException]:

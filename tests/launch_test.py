@@ -1,10 +1,16 @@
 """Tests for launch/: the `lra` command's names, overrides and errors (no training here)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 import attention
 import configs
 from launch import cli, train as launcher
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_list_shows_tasks_and_every_attention_kind(capsys):
@@ -89,9 +95,37 @@ def test_data_status_and_prepare(tmp_path, monkeypatch, capsys):
 
 def test_run_with_missing_data_prints_what_to_get(tmp_path, capsys):
   manual = tmp_path / "manual"
-  assert cli.main(["run", "text", "--workdir", str(tmp_path / "w"),
+  assert cli.main(["run", "text", "--workdir", str(tmp_path / "w"), "--no_preflight",
                    f"--config.data.manual_dir={manual}", "--config.data.download=false"]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ") and "Traceback" not in err
   assert "aclImdb_v1.tar.gz" in err and str(manual) in err and "https://" in err
   assert not (tmp_path / "w").exists()  # nothing was started
+
+
+def test_dry_run_values_and_config_changes():
+  assert launcher.dry_run_steps(None) is None
+  assert launcher.dry_run_steps("steps:0") == 0 and launcher.dry_run_steps("steps:12") == 12
+  for bad in ("3", "steps", "steps:x", "step:2"):
+    with pytest.raises(ValueError, match="--dry_run takes no value or steps:N"):
+      launcher.dry_run_steps(bad)
+  c = configs.build_config("listops", attention="band", size="small", arg="window=8",
+                           overrides=[("batch_size", "16"), ("model.attention.dilation", "2")])
+  default, changes = launcher.config_changes(c)
+  assert default == "attention=band,size=small,window=0"
+  assert changes == ["  batch_size: 32 -> 16",
+                     "  config_arg: 'attention=band,size=small,window=0' -> "
+                     "'attention=band,size=small,window=8'",
+                     "  model.attention.dilation: '(absent)' -> 2",
+                     "  model.attention.window: 16 -> 8"]
+  assert launcher.config_changes(configs.build_config("text8", size="small"))[1] == []
+
+
+def test_a_bad_dry_run_value_is_one_line_before_jax():
+  code = ("import sys; from launch import cli; rc = cli.main(sys.argv[1:]); "
+          "assert 'jax' not in sys.modules, 'jax was imported'; sys.exit(rc)")
+  proc = subprocess.run([sys.executable, "-c", code, "run", "listops", "--dry_run=fast"],
+                        cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert proc.stderr == ("error: --dry_run takes no value or steps:N (N timed steps), got "
+                         "'fast'.\n")

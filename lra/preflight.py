@@ -1,0 +1,404 @@
+"""Know before you run: the memory a config needs per device, checked before any data work.
+
+`check(config)` builds the trainer's mesh, shardings and jitted steps on abstract state
+(`lra.train.Trainer.abstract`: nothing is allocated), lowers and compiles the train step and
+the evaluation step for abstract batches of the real shapes and shardings (`Task.batch_spec`,
+no data read), and reads XLA's memory analysis of each compiled program per device: arguments,
+outputs (those not aliased to donated arguments), temporaries and generated code, plus on a CPU
+the copies its YNNPACK/XNNPACK library fusions make (`Program.library`). The run's peak per
+device is the larger of
+
+  train step: arguments + outputs - aliased + temporaries + code + library
+  eval step:  the same, plus the optimizer state (alive while the model is evaluated, but not
+              one of the eval step's arguments)
+
+which `Report.fits` compares with what the devices have (`available_memory`: the allocator's
+limit minus what is in use on a GPU or TPU; on a CPU the machine's MemAvailable shared by the
+local devices). `Report.refusal()` is the one line a run that cannot fit ends with: both
+figures, the largest buffer it can name in the compiled program (for example a dense kind's
+attention scores, batch x heads x L x L x 4 bytes) and concrete ways out.
+
+The run does not compile again: `Trainer.keep()` hands the preflight's traced and compiled steps
+to the run's `Trainer(config)`. Across runs, `compile_cache()` turns on JAX's persistent
+compilation cache in the user's cache folder (`$XDG_CACHE_HOME/lra/jax`, else
+`~/.cache/lra/jax`) with no minimum compile time or entry size, so a rerun, a resume or another
+run of the same config loads every program instead of compiling it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import os
+import re
+import time
+from typing import Any, Iterator
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
+
+from lra import mesh as mesh_lib
+from lra import train as train_lib
+
+GB = 1e9
+# Attention kinds whose cost grows linearly with the length (suggested as ways out).
+LINEAR_KINDS = ("band", "favor", "linear", "linformer")
+# Kinds that materialise every (query, key) score: a linear-cost kind is suggested instead.
+QUADRATIC_KINDS = ("dot_product", "synthesizer")
+_CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+                  "jax_persistent_cache_min_entry_size_bytes")
+
+
+def cache_directory() -> str:
+  """Where compiled programs are kept: `$XDG_CACHE_HOME/lra/jax`, else `~/.cache/lra/jax`."""
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "lra", "jax")
+
+
+@contextlib.contextmanager
+def compile_cache(enabled: bool = True, directory: str | None = None) -> Iterator[str | None]:
+  """JAX's persistent compilation cache in `directory` (default `cache_directory()`, or the
+  folder JAX was already given) for the duration of the block, every program cached however
+  small or fast to compile; yields the folder, or None when disabled or not writable. The
+  previous settings are restored afterwards (callers in the same process are unaffected)."""
+  if not enabled:
+    yield None
+    return
+  before = {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
+  path = before["jax_compilation_cache_dir"] or directory or cache_directory()
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    print(f"WARNING: no compile cache ({path}: {e.strerror}); every program is compiled.",
+          flush=True)
+    yield None
+    return
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  compilation_cache.reset_cache()   # JAX opens its cache once per process: open it here
+  try:
+    yield path
+  finally:
+    for name, value in before.items():
+      jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
+def available_memory(devices) -> tuple[int | None, str]:
+  """(bytes free per device, where the figure comes from); (None, why) when unknown."""
+  device = devices[0]
+  if device.platform == "cpu":
+    with open("/proc/meminfo") as f:
+      info = dict(line.split(":", 1) for line in f if ":" in line)
+    free = int(info["MemAvailable"].split()[0]) * 1024
+    n = sum(d.process_index == jax.process_index() for d in devices)
+    return free // n, f"MemAvailable shared by {n} CPU device{'s' * (n > 1)}"
+  free = []
+  for d in devices:
+    if d.process_index != jax.process_index():
+      continue
+    stats = d.memory_stats() or {}
+    if "bytes_limit" not in stats:
+      return None, f"{d.platform} reports no memory limit"
+    free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
+  return min(free), f"{device.device_kind} allocator limit less what is in use"
+
+
+@dataclasses.dataclass
+class Program:
+  """One compiled step: XLA's memory analysis per device, its compile time and text.
+
+  `library` is what XLA's analysis leaves out on a CPU: fusions that XLA hands to the YNNPACK or
+  XNNPACK library (dots, reductions) work on copies of their operands that the library
+  allocates itself. It is modelled as the largest operand of any such fusion: in the
+  measurements behind docs/training.md that accounts for 70-110% of the bytes the analysis
+  misses (which reach 40% of an eval step's temporaries at large batches).
+  """
+
+  name: str
+  argument: int
+  output: int
+  alias: int
+  temp: int
+  code: int
+  library: int
+  compile_seconds: float
+  cache_hit: bool
+  compiled: Any = dataclasses.field(repr=False, default=None)
+
+  @classmethod
+  def compile(cls, name: str, jitted, *args) -> "Program":
+    hits = _CacheHits()
+    t0 = time.perf_counter()
+    with hits:
+      compiled = jitted.lower(*args).compile()
+    seconds = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    program = cls(name, int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
+                  int(m.alias_size_in_bytes), int(m.temp_size_in_bytes),
+                  int(m.generated_code_size_in_bytes), 0, seconds, hits.count > 0, compiled)
+    if jax.devices()[0].platform == "cpu":
+      program.library = program._library_scratch()
+    return program
+
+  @property
+  def peak(self) -> int:
+    """Live bytes per device while it runs: arguments, new outputs, temporaries, code."""
+    return self.argument + self.output - self.alias + self.temp + self.code + self.library
+
+  @functools.cached_property
+  def buffers(self) -> dict[str, tuple[str, tuple[int, ...], int]]:
+    """Every array the compiled program's text defines: name -> (dtype, shape, bytes)."""
+    out = {}
+    for name, dtype, dims in _DEFINITION.findall(self.compiled.as_text()):
+      if dtype in _ITEMSIZE:
+        shape = tuple(int(d) for d in dims.split(",") if d)
+        out[name] = (dtype, shape, math.prod(shape) * _ITEMSIZE[dtype])
+    return out
+
+  def largest_buffer(self) -> tuple[str, tuple[int, ...], int]:
+    """(dtype, shape, bytes) of the largest array in the compiled program."""
+    return max(self.buffers.values(), key=lambda b: b[2], default=("", (), 0))
+
+  def _library_scratch(self) -> int:
+    largest = 0
+    for operands in _LIBRARY_FUSION.findall(self.compiled.as_text()):
+      for operand in operands.split(","):
+        largest = max(largest, self.buffers.get(operand.strip().lstrip("%"), ("", (), 0))[2])
+    return largest
+
+
+_DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[([\d,]*)\]", re.M)
+_LIBRARY_FUSION = re.compile(r" fusion\(([^)]*)\).*\"kind\":\"__[xy]nn_fusion\"")
+_ITEMSIZE = {"f64": 8, "s64": 8, "u64": 8, "c64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2,
+             "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
+
+
+class _CacheHits:
+  """Counts persistent-cache hits while active (JAX's monitoring events)."""
+
+  listening = None
+
+  def __init__(self):
+    self.count = 0
+
+  def __enter__(self):
+    _CacheHits.listening = self
+    if not getattr(_CacheHits, "_registered", False):
+      jax.monitoring.register_event_listener(_CacheHits._event)
+      _CacheHits._registered = True
+    return self
+
+  def __exit__(self, *exc):
+    _CacheHits.listening = None
+    return False
+
+  @staticmethod
+  def _event(name: str, **kwargs) -> None:
+    del kwargs
+    if name == "/jax/compilation_cache/cache_hits" and _CacheHits.listening is not None:
+      _CacheHits.listening.count += 1
+
+
+def nbytes_per_device(tree: Any) -> int:
+  """Bytes one device holds of a pytree of ShapeDtypeStructs with shardings (the largest shard
+  when they differ)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
+def abstract_batch(task, data_cfg: ml_collections.ConfigDict, batch_size: int, mesh,
+                   split: str = "train") -> dict[str, jax.ShapeDtypeStruct]:
+  """The task's global batch of `split` as ShapeDtypeStructs sharded over the batch axes."""
+  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
+                                  sharding=mesh_lib.batch_sharding(mesh, len(v.shape)))
+          for k, v in task.batch_spec(data_cfg, batch_size, split).items()}
+
+
+@dataclasses.dataclass
+class Report:
+  """What `check` found for one config: the programs, the peak per device and what is free."""
+
+  config: ml_collections.ConfigDict
+  trainer: Any                      # lra.train.Trainer.abstract(config)
+  train: Program
+  eval: Program
+  state_bytes: int                  # params + optimizer state + step, per device
+  available: int | None
+  available_source: str
+
+  @property
+  def train_peak(self) -> int:
+    return self.train.peak
+
+  @property
+  def eval_peak(self) -> int:
+    """The eval step's peak plus the optimizer state, alive meanwhile but not an argument."""
+    params = nbytes_per_device(self.trainer.abstract_state()["params"])
+    return self.eval.peak + self.state_bytes - params
+
+  @property
+  def peak(self) -> int:
+    """The estimated peak bytes per device of the run."""
+    return max(self.train_peak, self.eval_peak)
+
+  @property
+  def fits(self) -> bool:
+    return self.available is None or self.peak <= self.available
+
+  @property
+  def compile_seconds(self) -> float:
+    return self.train.compile_seconds + self.eval.compile_seconds
+
+  @property
+  def param_count(self) -> int:
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(self.trainer.abstract_state()["params"]))
+
+  def blame(self) -> str:
+    """The largest buffer of the bigger program, named when it is a known tensor."""
+    program = self.train if self.train_peak >= self.eval_peak else self.eval
+    dtype, shape, size = program.largest_buffer()
+    if not size:
+      return ""
+    c = self.config
+    heads, length = int(c.model.num_heads), int(c.data.max_length)
+    text = f"{dtype}[{','.join(map(str, shape))}] = {size / GB:.1f} GB"
+    if len(shape) == 4 and shape[1] == heads and shape[2] == shape[3] >= length:
+      kind = c.model.attention.kind
+      text = (f"the {kind} attention scores {text} (batch x heads x L x L x "
+              f"{_ITEMSIZE[dtype]} B)")
+    elif len(shape) == 3 and shape[-1] == self.trainer.task.vocab_size:
+      text = f"the logits {text} (batch x L x vocabulary x {_ITEMSIZE[dtype]} B)"
+    else:
+      text = f"a buffer {text}"
+    copies = program.temp / size
+    times = f" (about {copies:.0f} times that)" if copies >= 1.5 else ""
+    return f"largest buffer {text}; temporaries {program.temp / GB:.1f} GB in all{times}"
+
+  def ways_out(self) -> list[str]:
+    """Concrete changes that make the run smaller, each with its estimate where it can say."""
+    c, out = self.config, []
+    arg = dict(p.split("=", 1) for p in c.get("config_arg", "").split(",") if "=" in p)
+    if arg.get("size") == "base":
+      out.append("--size small")
+    if c.model.attention.kind in QUADRATIC_KINDS:
+      out.append(f"a linear-cost --attention such as {' or '.join(LINEAR_KINDS[:2])}")
+    shards = self.trainer.mesh.shape["data"] * self.trainer.mesh.shape["fsdp"]
+    eval_bigger = self.eval_peak > self.train_peak
+    field = "eval_batch_size" if eval_bigger else "batch_size"
+    batch = int(c[field])
+    grows = max(self.peak - self.state_bytes, 1)          # the part that scales with the batch
+    if self.available is not None and self.available > self.state_bytes:
+      smaller = batch * (self.available - self.state_bytes) / grows
+      fit = shards * 2 ** int(math.floor(math.log2(smaller / shards))) if smaller >= shards else 0
+      if 0 < fit < batch:
+        need = self.state_bytes + grows * fit / batch
+        out.append(f"--config.{field}={fit} (about {need / GB:.1f} GB)")
+      devices = math.ceil(grows / (self.available - self.state_bytes)) * shards
+      if devices > shards:
+        out.append(f"at least {devices} devices on the mesh's data axis")
+    else:
+      out.append("more devices with the parameters split over them (--config.mesh.fsdp)")
+    return out
+
+  def refusal(self) -> str:
+    """The one line a run that cannot fit ends with."""
+    c = self.config
+    blame = self.blame()
+    return (f"{c.task} ({c.get('config_arg', '')}) needs about {self.peak / GB:.1f} GB per "
+            f"device but {self.available / GB:.1f} GB is available ({self.available_source})"
+            f"{': ' + blame if blame else ''}. Ways out: {', '.join(self.ways_out())}; or "
+            f"--no_preflight to run anyway.")
+
+
+def check(config: ml_collections.ConfigDict) -> Report:
+  """Compiles `config`'s train and eval steps on abstract inputs and reports their memory."""
+  mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
+  trainer = train_lib.Trainer.abstract(config)
+  task, mesh, rest = trainer.task, trainer.mesh, trainer.abstract_rest
+  state = trainer.abstract_state()
+  train_batch = abstract_batch(task, config.data, int(config.batch_size), mesh, "train")
+  eval_batch = abstract_batch(task, config.data, int(config.eval_batch_size), mesh, "test")
+  train_program = Program.compile("train step", trainer.train_step, state, train_batch, rest)
+  eval_program = Program.compile("eval step", trainer.eval_step, state["params"], eval_batch,
+                                 rest)
+  available, source = available_memory(list(mesh.devices.flat))
+  if available is not None and jax.process_count() > 1:   # every process takes one decision
+    from jax.experimental import multihost_utils   # (in MiB: jax arrays are 32-bit by default)
+    mib = multihost_utils.process_allgather(np.int32(min(available >> 20, 2**31 - 1)))
+    available = int(np.min(mib)) << 20
+  return Report(config, trainer, train_program, eval_program, nbytes_per_device(state),
+                available, source)
+
+
+def sharding_table(report: Report) -> list[str]:
+  """Lines describing how parameters and batches are laid out over the mesh."""
+  trainer = report.trainer
+  groups: dict[str, list[int]] = {}
+  for leaf in jax.tree.leaves(trainer.abstract_state()["params"]):
+    spec = str(tuple(leaf.sharding.spec)) if tuple(leaf.sharding.spec) else "replicated"
+    g = groups.setdefault(spec, [0, 0, 0])
+    g[0] += 1
+    g[1] += math.prod(leaf.shape)
+    g[2] += nbytes_per_device([leaf])
+  lines = [f"  params {spec:<33} {n:>4} arrays {count:>13,} values {b / 1e6:>10.1f} MB/device"
+           for spec, (n, count, b) in sorted(groups.items())]
+  c = report.config
+  for split, size in (("train", c.batch_size), ("eval", c.eval_batch_size)):
+    batch = abstract_batch(trainer.task, c.data, int(size), trainer.mesh,
+                           "train" if split == "train" else "test")
+    for name, leaf in batch.items():
+      rows = leaf.sharding.shard_shape(leaf.shape)[0]
+      lines.append(f"  {split + ' batch ' + name:<20} {str(list(leaf.shape)):<16} "
+                   f"{str(leaf.dtype):<8} split over {mesh_lib.BATCH_AXES}: {rows} rows per "
+                   f"device")
+  return lines
+
+
+def memory_lines(report: Report) -> list[str]:
+  """The estimate per device, program by program, and the verdict."""
+  lines = [f"  {'GB per device':<13} {'arguments':>10} {'outputs':>8} {'aliased':>8} "
+           f"{'temporaries':>12} {'code':>6} {'library':>8} {'peak':>8}"]
+  for program, peak in ((report.train, report.train_peak), (report.eval, report.eval_peak)):
+    p = program
+    lines.append(f"  {p.name:<13} {p.argument / GB:10.3f} {p.output / GB:8.3f} "
+                 f"{-p.alias / GB:8.3f} {p.temp / GB:12.3f} {p.code / GB:6.3f} "
+                 f"{p.library / GB:8.3f} {peak / GB:8.3f}")
+  free = "unknown" if report.available is None else f"{report.available / GB:.1f} GB"
+  verdict = "fits" if report.fits else "does NOT fit"
+  lines.append(f"  estimate {report.peak / GB:.3f} GB per device (the eval step's peak counts "
+               f"the optimizer state too); available {free} ({report.available_source}): "
+               f"{verdict}")
+  return lines
+
+
+def time_steps(report: Report, steps: int, seed: int = 0) -> list[float]:
+  """Seconds of each of `steps` train steps on random batches (after one untimed step), with the
+  report's compiled train step; allocates the report's trainer."""
+  trainer, config = report.trainer.allocate(), report.config
+  rng = np.random.default_rng(seed)
+  spec = trainer.task.batch_spec(config.data, int(config.batch_size), "train")
+  batch = {}
+  for name, leaf in spec.items():
+    high = trainer.task.num_classes if name == "targets" and len(leaf.shape) == 1 else (
+        2 if name == "mask" else trainer.task.vocab_size)
+    batch[name] = rng.integers(1 if name != "targets" else 0, high, leaf.shape).astype(leaf.dtype)
+  batch = mesh_lib.global_batch(batch, trainer.mesh)
+  state = trainer.state
+  times = []
+  for k in range(steps + 1):
+    t0 = time.perf_counter()
+    state, sums = trainer.train_step(state, batch, trainer.rest)
+    jax.block_until_ready(sums)
+    if k:
+      times.append(time.perf_counter() - t0)
+  return times
+
