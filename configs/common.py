@@ -122,6 +122,9 @@ def trainer_defaults() -> ml_collections.ConfigDict:
   # Mesh: sizes of the (data, fsdp, tensor) axes; -1 = all remaining devices.
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   c.axis_rules = AXIS_RULES
+  # Rematerialisation: "none", "block" (each block's activations are recomputed in the backward
+  # pass, keeping only its input) or a jax.checkpoint policy name (configs/validate.py REMATS).
+  c.remat = "none"
   c.distributed = False        # jax.distributed.initialize() (or set LRA_DISTRIBUTED=1)
   c.progress = True            # the stderr progress line
   return c

@@ -29,6 +29,9 @@ from attention import kinds
 SCHEDULES = ("rsqrt", "cosine", "constant")
 POSITIONS = ("sinusoidal", "learned", "none")
 POOLINGS = ("cls", "mean")
+# `config.remat`: "none", "block" (recompute each block in the backward pass) or a policy of
+# `jax.checkpoint_policies` that keeps some of a block's values (models/encoder.py REMAT).
+REMATS = ("none", "block", "dots_saveable", "dots_with_no_batch_dims_saveable")
 MESH_AXES = ("data", "fsdp", "tensor")
 
 Rule = tuple[Callable[[Any], bool], str]  # (is the value valid, what it must be)
@@ -82,6 +85,8 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("adam_b1", number(0, 1), "Adam's first-moment decay"),
     ("adam_b2", number(0, 1), "Adam's second-moment decay"),
     ("adam_eps", number(0, strict=True), "Adam's denominator epsilon"),
+    ("remat", one_of(*REMATS), "what each block keeps for the backward pass (none keeps "
+     "everything; block recomputes the block; dots_* keep only matmul outputs)"),
     ("model.num_layers", POSITIVE, "transformer blocks"),
     ("model.num_heads", POSITIVE, "attention heads"),
     ("model.emb_dim", POSITIVE, "the model width"),

@@ -7,6 +7,11 @@ token or a padding-aware mean) and applies Dense -> ReLU -> Dense, as in LRA.
 
 Randomness is explicit: `rng` is a key in training (dropout, LSH hashing) and None in eval.
 Token id 0 is padding everywhere.
+
+`cfg["remat"]` trades compute for memory in the backward pass: "none" keeps every block's
+activations; "block" keeps only each block's input and recomputes the block (`nnx.remat`);
+"dots_saveable" and "dots_with_no_batch_dims_saveable" recompute the block but keep the matmul
+outputs that `jax.checkpoint_policies` of that name saves. The values are the same in all cases.
 """
 
 from __future__ import annotations
@@ -23,6 +28,40 @@ from models.embeddings import PositionEmbedding, TokenEmbedding
 from models.sharding import metadata, param
 
 POOLINGS = ("cls", "mean")
+# config.remat -> the jax.checkpoint policy of each block (None: no rematerialisation).
+REMAT = {
+    "none": None,
+    "block": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _apply_block(block, x, key_mask, rng):
+  return block(x, key_mask, rng=rng)
+
+
+def block_runner(remat: str):
+  """`(block, x, key_mask, rng) -> x`, rematerialised as `remat` (a REMAT name) says.
+
+  The rematerialised block is a pure function of its state (`nnx.split`) under
+  `jax.checkpoint`; blocks change no state when called, so nothing is written back.
+  """
+  if remat not in REMAT:
+    raise ValueError(f"remat={remat!r}; valid: {', '.join(REMAT)}.")
+  policy = REMAT[remat]
+  if policy is None:
+    return _apply_block
+
+  def run(block, x, key_mask, rng):
+    graphdef, state = nnx.split(block)
+
+    def pure(state, x, key_mask, rng):
+      return _apply_block(nnx.merge(graphdef, state), x, key_mask, rng)
+
+    return jax.checkpoint(pure, policy=policy)(state, x, key_mask, rng)
+
+  return run
 
 
 def dropout(x: jax.Array, rate: float, rng) -> jax.Array:
@@ -107,6 +146,40 @@ class Block(nnx.Module):
     return x + dropout(h, self.dropout_rate, _fold(rng, 3))                # [B, L, E]
 
 
+def run_blocks(blocks, x, key_mask, rng, remat: str):
+  """Applies `blocks` in order (block i gets `_fold(rng, i + 1)`), rematerialised as `remat` says.
+
+  With rematerialisation, blocks of one structure (every block unless `layer_attention` makes
+  them differ) run as one `jax.lax.scan` over their stacked states: XLA then recomputes one block
+  at a time in the backward pass. Unrolled `jax.checkpoint` blocks are not enough on XLA:CPU,
+  whose scheduler hoists every block's recomputation to the start of the backward pass (the
+  compiled temporaries did not shrink at all). Blocks of different structures are unrolled.
+  """
+  if REMAT.get(remat, "") is None or len(blocks) == 1:
+    run = block_runner(remat)
+    for i, block in enumerate(blocks):
+      x = run(block, x, key_mask, _fold(rng, i + 1))
+    return x
+  split = [nnx.split(block) for block in blocks]
+  graphdef = split[0][0]
+  if any(g != graphdef for g, _ in split):
+    run = block_runner(remat)
+    for i, block in enumerate(blocks):
+      x = run(block, x, key_mask, _fold(rng, i + 1))
+    return x
+  block_runner(remat)  # checks the name
+  stacked = jax.tree.map(lambda *a: jnp.stack(a), *(state for _, state in split))
+  keys = None if rng is None else jnp.stack([_fold(rng, i + 1) for i in range(len(blocks))])
+
+  def body(x, layer):
+    state, key = layer
+    return _apply_block(nnx.merge(graphdef, state), x, key_mask, key), None
+
+  body = jax.checkpoint(body, policy=REMAT[remat])
+  x, _ = jax.lax.scan(body, x, (stacked, keys))
+  return x
+
+
 class Encoder(nnx.Module):
   """Embeddings + blocks + final LayerNorm; optionally prepends a learned CLS token.
 
@@ -140,6 +213,7 @@ class Encoder(nnx.Module):
     self.blocks = nnx.List(blocks)
     self.ln_final = layer_norm(rngs, cfg["emb_dim"])
     self.dropout_rate = cfg["dropout"]
+    self.remat = str(cfg.get("remat", "none"))
 
   def __call__(self, tokens: jax.Array, *, rng=None) -> tuple[jax.Array, jax.Array]:
     """tokens `[B, L]` int -> (features `[B, L', E]`, key_mask `[B, L']`), L' = L (+1 with CLS)."""
@@ -150,8 +224,7 @@ class Encoder(nnx.Module):
       x = jnp.concatenate([cls, x], axis=1)                                # [B, L+1, E]
       key_mask = jnp.concatenate([jnp.ones_like(key_mask[:, :1]), key_mask], axis=1)
     x = dropout(self.positions(x), self.dropout_rate, _fold(rng, 0))
-    for i, block in enumerate(self.blocks):
-      x = block(x, key_mask, rng=_fold(rng, i + 1))
+    x = run_blocks(self.blocks, x, key_mask, rng, self.remat)
     x = self.ln_final(x)
     return jnp.where(key_mask[..., None], x, 0.0), key_mask
 
