@@ -27,6 +27,7 @@ run of the same config loads every program instead of compiling it.
 
 from __future__ import annotations
 
+import copy
 import contextlib
 import dataclasses
 import functools
@@ -283,6 +284,21 @@ class Report:
     times = f" (about {copies:.0f} times that)" if copies >= 1.5 else ""
     return f"largest buffer {text}; temporaries {program.temp / GB:.1f} GB in all{times}"
 
+  def remat_peak(self) -> int | None:
+    """The estimate with `--config.remat=block` (the train step compiled again), or None when
+    the config already rematerialises or the eval step is the bigger program."""
+    if self.config.get("remat", "none") != "none" or self.eval_peak >= self.train_peak:
+      return None
+    config = copy.deepcopy(self.config)
+    with config.unlocked():
+      config.remat = "block"
+    trainer = train_lib.Trainer.abstract(config)
+    batch = abstract_batch(trainer.task, config.data, int(config.batch_size), trainer.mesh,
+                           "train")
+    program = Program.compile("train step", trainer.train_step, trainer.abstract_state(), batch,
+                              trainer.abstract_rest)
+    return max(program.peak, self.eval_peak)
+
   def ways_out(self) -> list[str]:
     """Concrete changes that make the run smaller, each with its estimate where it can say."""
     c, out = self.config, []
@@ -291,6 +307,9 @@ class Report:
       out.append("--size small")
     if c.model.attention.kind in QUADRATIC_KINDS:
       out.append(f"a linear-cost --attention such as {' or '.join(LINEAR_KINDS[:2])}")
+    remat = self.remat_peak()
+    if remat is not None and remat < 0.9 * self.peak:
+      out.append(f"--config.remat=block (about {remat / GB:.1f} GB)")
     shards = self.trainer.mesh.shape["data"] * self.trainer.mesh.shape["fsdp"]
     eval_bigger = self.eval_peak > self.train_peak
     field = "eval_batch_size" if eval_bigger else "batch_size"

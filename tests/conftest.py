@@ -15,3 +15,6 @@ import tempfile  # noqa: E402
 # data, and no test downloads anything (every `download` default is overridden by the tests that
 # build from archives, and this folder starts empty).
 os.environ["LRA_DATA"] = tempfile.mkdtemp(prefix="lra-test-data-")
+# The compile cache of `lra run` (lra/preflight.py: $XDG_CACHE_HOME/lra/jax) goes there too, so
+# the tests that call the command in-process leave nothing in the user's ~/.cache.
+os.environ["XDG_CACHE_HOME"] = os.path.join(os.environ["LRA_DATA"], "cache")

@@ -50,6 +50,7 @@ def test_listops_base_stops_in_one_line_before_any_data(tmp_path):
   env = {**os.environ, "LRA_DATA": str(data), "XDG_CACHE_HOME": str(tmp_path / "cache"),
          "JAX_PLATFORMS": "cpu"}
   env.pop("XLA_FLAGS", None)   # one device, as a user's machine has
+  before = mem_available()      # (other processes may change it meanwhile)
   proc = subprocess.run([sys.executable, "-m", "launch.cli", "run", "listops", "--workdir",
                          str(tmp_path / "w")], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=300)
@@ -60,9 +61,11 @@ def test_listops_base_stops_in_one_line_before_any_data(tmp_path):
   figures = [float(x) for x in GB_FIGURE.findall(line)]
   estimate, available = figures[:2]
   assert needed / 1e9 <= estimate < 1.2 * needed / 1e9
-  assert 0 < available * 1e9 <= 1.1 * mem_available()
+  assert 0 < available * 1e9 <= 1.1 * max(before, mem_available())
   assert "66.1 GB in all" in line   # the temporaries
   assert "attention scores f32[32,8,2001,2001]" in line and "batch x heads x L x L" in line
+  remat = re.search(r"--config.remat=block \(about ([0-9.]+) GB\)", line)
+  assert remat and float(remat.group(1)) < 0.5 * estimate, line   # measured: 25.1 of 70.3
   for way_out in ("--size small", "--attention such as band or favor", "--config.batch_size=8",
                   "devices", "--no_preflight"):
     assert way_out in line
