@@ -17,6 +17,7 @@ CORE = [
     "grain==0.2.18",
     "ml-collections==1.1.0",
     "chex==0.1.92",
+    "etils[epath]==1.15.0",
     "numpy==2.4.6",
     "tensorboardX==2.6.5",
     "Pillow==13.0.0",
@@ -32,6 +33,8 @@ setup(
     install_requires=CORE,
     extras_require={
         "test": ["pytest==9.2.0", "tensorboard==2.21.0"],
+        # Workdirs and data in Google Cloud Storage (gs://...), through etils.epath and fsspec.
+        "gcs": ["gcsfs==2026.10.1"],
         "bench": ["torch==2.13.0", "transformers==5.23.0", "matplotlib==3.11.2"],
     },
     entry_points={"console_scripts": ["lra=launch.cli:main"]},

@@ -34,6 +34,7 @@ import ml_collections
 import configs
 from configs import validate
 from lra import phases  # pure Python: the trainer is imported by its functions only
+from lra import storage
 from lra import tasks as tasks_lib
 
 
@@ -167,7 +168,8 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
       print(f"error: {line}", file=sys.stderr, flush=True)
       if line.startswith("no space left"):   # orbax's abandoned writes report as they end
         from lra import checkpoint
-        checkpoint.stderr_to(os.path.join(workdir, "error.log"))
+        checkpoint.stderr_to(os.path.join(workdir, "error.log") if not
+                             storage.is_remote(workdir) else os.devnull)
       return 2
   if results["interrupted"]:
     return 130
@@ -182,7 +184,7 @@ def _configs_to_check(config: ml_collections.ConfigDict, workdir: str
     return [("", config)]
   count = len(config.phases)
   return [(f" phase {k + 1}/{count}", phases.phase_config(config, k)) for k in range(count)
-          if phases.finished_results(os.path.join(workdir, f"phase{k + 1}")) is None]
+          if phases.finished_results(storage.join(workdir, f"phase{k + 1}")) is None]
 
 
 def _preflight(config: ml_collections.ConfigDict):
@@ -280,11 +282,10 @@ def failure_line(e: Exception, workdir: str) -> str:
             f"checkpoint, and an unfinished save is discarded.")
   if isinstance(e, (lock.WorkdirBusy, checkpoint.CheckpointError, FloatingPointError)):
     return str(e).splitlines()[0] if str(e) else type(e).__name__
-  log = os.path.join(workdir, "error.log")
+  log = storage.join(workdir, "error.log")
   try:
-    os.makedirs(workdir, exist_ok=True)
-    with open(log, "a") as f:
-      traceback.print_exception(e, file=f)
+    storage.makedirs(workdir)
+    storage.append_text(log, "".join(traceback.format_exception(e)))
     where = f"the traceback is in {log}"
   except OSError:
     where = "no traceback could be written"

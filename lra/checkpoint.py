@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from typing import Any
@@ -32,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from lra import storage
 
 TMP_MARKER = ".orbax-checkpoint-tmp"   # orbax's suffix for a step directory being written
 CHECKSUMS = "checksums"                # key of the state's checksums in the `data` item
@@ -141,11 +142,14 @@ def stderr_to(log_path: str) -> None:
 
 def remove_unfinished(directory: str) -> list[str]:
   """Removes orbax's temporary step directories (saves that never finished); returns them."""
-  if jax.process_index() != 0 or not os.path.isdir(directory):
+  if jax.process_index() != 0 or not storage.isdir(directory):
     return []
-  removed = sorted(d for d in os.listdir(directory) if TMP_MARKER in d)
+  removed = [d for d in storage.listdir(directory) if TMP_MARKER in d]
   for name in removed:
-    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+    try:
+      storage.rmtree(storage.join(directory, name))
+    except OSError:
+      pass   # removed meanwhile, or not removable: orbax ignores it as well
   return removed
 
 
@@ -153,7 +157,7 @@ class Checkpointer:
   """Saves every `every` steps (and on request), keeps the newest `keep`, restores the latest."""
 
   def __init__(self, directory: str, *, every: int, keep: int):
-    self.directory = os.path.abspath(os.path.expanduser(directory))
+    self.directory = storage.resolve(directory)
     self.every = int(every)
     removed = remove_unfinished(self.directory)
     if removed:
@@ -164,14 +168,19 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_names=("state", "data"))
 
+  def _error_log(self) -> str:
+    """Where a failed save's held-back stderr goes: `<workdir>/error.log`, on this machine
+    (`error.log` in the current folder when the workdir is a bucket)."""
+    if storage.is_remote(self.directory):
+      return "error.log"
+    return os.path.join(os.path.dirname(self.directory), "error.log")
+
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
   def _step_dirs_on_disk(self) -> list[str]:
-    if not os.path.isdir(self.directory):
-      return []
-    return sorted(d for d in os.listdir(self.directory)
-                  if d.split(".")[0].isdigit() and TMP_MARKER not in d)
+    return [d for d in storage.listdir(self.directory)
+            if d.split(".")[0].isdigit() and TMP_MARKER not in d]
 
   def due(self, step: int) -> bool:
     """Whether `step` is on the saving period."""
@@ -184,7 +193,7 @@ class Checkpointer:
     if step in self.manager.all_steps():
       return False
     data_state = {**data_state, CHECKSUMS: checksums(state)}
-    with _stderr_kept_for(os.path.join(os.path.dirname(self.directory), "error.log")):
+    with _stderr_kept_for(self._error_log()):
       self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
       self.manager.wait_until_finished()
@@ -248,11 +257,11 @@ def load_params(directory: str, abstract_params: Any) -> tuple[Any, int]:
   schedule; the shapes must match. Returns (params, step); raises CheckpointError naming the
   directory when there is nothing to restore.
   """
-  directory = os.path.abspath(os.path.expanduser(directory))
-  if os.path.isdir(os.path.join(directory, "checkpoints")):
-    directory = os.path.join(directory, "checkpoints")
+  directory = storage.resolve(directory)
+  if storage.isdir(storage.join(directory, "checkpoints")):
+    directory = storage.join(directory, "checkpoints")
   manager, step = None, None
-  if os.path.isdir(directory):
+  if storage.isdir(directory):
     manager = ocp.CheckpointManager(directory, item_names=("state", "data"))
     step = manager.latest_step()
   if step is None:

@@ -7,7 +7,8 @@ turns sums into loss, accuracy and, for language models, bits per character.
 `MetricWriter` appends every record to `<workdir>/metrics.jsonl`, one JSON object per line:
 `{"step": ..., "split": ..., ...}`, and writes the same numbers as TensorBoard scalars
 `<split>/<name>` (`train/loss`, `validation/accuracy`, ...) to an event file in
-`<workdir>/tensorboard/` with `tensorboardX`, which needs no TensorFlow.
+`<workdir>/tensorboard/` with `tensorboardX`, which needs no TensorFlow. Both may be in a
+bucket (`gs://...`, through `lra.storage`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 import tensorboardX
+
+from lra import storage
 
 FLUSH_SECONDS = 2   # tensorboardX's writer thread flushes the event file this often
 _WRITERS = itertools.count()   # tells apart the event files of writers started in one second
@@ -58,8 +61,10 @@ class MetricWriter:
   (time) order, so a resumed run continues its curves."""
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    self.tensorboard_dir = os.path.join(workdir, "tensorboard")
+    self.workdir = workdir
+    self.path = storage.join(workdir, "metrics.jsonl")
+    self.tensorboard_dir = storage.join(workdir, "tensorboard")
+    self._lines = storage.LineFile(self.path)
     self.enabled = jax.process_index() == 0
     self._summaries: tensorboardX.SummaryWriter | None = None  # created on the first write
     self._closer: weakref.finalize | None = None   # closes the event file once
@@ -73,9 +78,10 @@ class MetricWriter:
     if not self.enabled:
       return
     record = {"step": int(step), "split": split, "time": round(time.time(), 3), **metrics}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+    self._lines.append(json.dumps(record))
     if self._summaries is None:
+      if storage.is_remote(self.tensorboard_dir):
+        storage.register_tensorboard_writers()
       self._summaries = tensorboardX.SummaryWriter(
           self.tensorboard_dir, flush_secs=FLUSH_SECONDS,
           filename_suffix=f".{os.getpid()}.{next(_WRITERS)}")
@@ -92,18 +98,13 @@ class MetricWriter:
     """Rewrites metrics.jsonl with the records for which `keep(record)` is true (atomically:
     a new file renamed over the old one); returns how many were dropped. A resumed run drops
     the records written after its checkpoint, which it writes again."""
-    if not self.enabled or not os.path.exists(self.path):
+    if not self.enabled or not storage.exists(self.path):
       return 0
-    records = read_metrics(os.path.dirname(self.path))
+    records = read_metrics(self.workdir)
     kept = [r for r in records if keep(r)]
     if len(kept) == len(records):
       return 0
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in kept)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, self.path)
+    self._lines.rewrite([json.dumps(r) for r in kept])
     return len(records) - len(kept)
 
   def close(self) -> None:
@@ -117,11 +118,11 @@ class MetricWriter:
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
   """All records of `<workdir>/metrics.jsonl` (empty if none). A last line cut short (a run
   killed while writing it) is left out; a damaged line elsewhere raises."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
+  path = storage.join(workdir, "metrics.jsonl")
+  text = storage.read_text(path)
+  if text is None:
     return []
-  with open(path) as f:
-    lines = [line for line in f if line.strip()]
+  lines = [line for line in text.splitlines(keepends=True) if line.strip()]
   records = []
   for i, line in enumerate(lines):
     try:

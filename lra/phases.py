@@ -9,11 +9,11 @@ schedule. The character-LM configs (Longformer's five phases) use it.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Callable, Sequence
 
 import ml_collections
+
+from lra import storage
 
 # The fields a phase sets (`config.phases` is a tuple of dicts with exactly these keys).
 PHASE_KEYS = ("steps", "max_length", "window_scale", "learning_rate", "batch_size",
@@ -64,18 +64,15 @@ def phase_config(config: ml_collections.ConfigDict, index: int) -> ml_collection
 
 def finished_results(run_dir: str) -> dict[str, Any] | None:
   """The results.json of a finished run in `run_dir` (with "interrupted": False), or None."""
-  done = os.path.join(run_dir, "results.json")
-  if not os.path.exists(done):
-    return None
-  with open(done) as f:
-    return {**json.load(f), "interrupted": False}
+  done = storage.read_json(storage.join(run_dir, "results.json"))
+  return None if done is None else {**done, "interrupted": False}
 
 
 def results_path(workdir: str, results: dict[str, Any]) -> str:
   """Where the results of a run (or of the last phase of a staged run) were written."""
   if results.get("phases"):
-    return os.path.join(workdir, f"phase{len(results['phases'])}", "results.json")
-  return os.path.join(workdir, "results.json")
+    return storage.join(workdir, f"phase{len(results['phases'])}", "results.json")
+  return storage.join(workdir, "results.json")
 
 
 def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
@@ -89,11 +86,11 @@ def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
   summary = []
   results: dict[str, Any] = {}
   for k in range(count):
-    phase_dir = os.path.join(workdir, f"phase{k + 1}")
+    phase_dir = storage.join(workdir, f"phase{k + 1}")
     c = phase_config(config, k)
     if k > 0:
       with c.unlocked():
-        c.init_from = os.path.join(workdir, f"phase{k}", "checkpoints")
+        c.init_from = storage.join(workdir, f"phase{k}", "checkpoints")
     earlier = finished_results(phase_dir)
     if earlier is not None:
       results = earlier

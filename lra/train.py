@@ -12,7 +12,9 @@ The workdir holds: `config.json` (the resolved config), `checkpoints/` (state + 
 position, periodic and final, newest `keep_checkpoints` kept), `best/` (the parameters with the
 best validation result by the task's rule: accuracy, or loss for language models),
 `metrics.jsonl`, `tensorboard/` (the same metrics as TensorBoard scalars) and `results.json`
-(final test evaluation plus the task's own fields, such as bits per character).
+(final test evaluation plus the task's own fields, such as bits per character). The workdir may
+be a bucket (`gs://...`): every file goes through `lra.storage` (etils.epath), and only process
+0 writes the shared files.
 Re-running in the same workdir resumes exactly where the last checkpoint left off. Ctrl-C saves
 a checkpoint and returns with `results["interrupted"] = True`. `config.init_from` (optional) names
 another run's checkpoint directory (or its workdir) whose newest parameters initialise a run
@@ -39,7 +41,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from attention import kinds as attention_kinds
-from lra import checkpoint, lock as lock_lib, mesh as mesh_lib, metrics, progress
+from lra import checkpoint, lock as lock_lib, mesh as mesh_lib, metrics, progress, storage
 from lra import tasks as tasks_lib
 from lra.data import pipeline
 
@@ -138,25 +140,20 @@ def _with_shardings(tree: Any, shardings: Any) -> Any:
 def _write_json(path: str, obj: Any) -> None:
   if jax.process_index() != 0:
     return
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, default=str)
-  os.replace(tmp, path)
+  storage.write_json(path, obj)
 
 
 def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   if jax.process_index() != 0:  # one process reads, renames and writes the shared file
     return
-  path = os.path.join(workdir, "config.json")
+  path = storage.join(workdir, "config.json")
   text = config.to_json_best_effort(indent=2, sort_keys=True)
-  if os.path.exists(path):
-    with open(path) as f:
-      if f.read() != text:
-        print(f"WARNING: the config differs from the one saved in {path}; resuming with the "
-              f"new one (the old one is kept as config.previous.json).", flush=True)
-        os.replace(path, os.path.join(workdir, "config.previous.json"))
-  with open(path, "w") as f:
-    f.write(text)
+  saved = storage.read_text(path)
+  if saved is not None and saved != text:
+    print(f"WARNING: the config differs from the one saved in {path}; resuming with the "
+          f"new one (the old one is kept as config.previous.json).", flush=True)
+    storage.replace(path, storage.join(workdir, "config.previous.json"))
+  storage.write_text(path, text)
 
 
 # Plans kept by `Trainer.keep` (a preflight's), by config: at most one per config.
@@ -311,10 +308,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   to `results.json`, plus `"state"` (the final train state) and `"interrupted"`.
   """
   mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
-  workdir = os.path.abspath(os.path.expanduser(workdir))
-  os.makedirs(workdir, exist_ok=True)
-  with _StopFlag() as stop, lock_lib.WorkdirLock(workdir, enabled=jax.process_index() == 0) \
-      as lock:
+  workdir = storage.resolve(workdir)
+  storage.makedirs(workdir)
+  # The lock file needs a local disk (O_EXCL); a bucket workdir is not locked.
+  lock_here = jax.process_index() == 0 and not storage.is_remote(workdir)
+  with _StopFlag() as stop, lock_lib.WorkdirLock(workdir, enabled=lock_here) as lock:
     return _train_and_evaluate(config, workdir, hooks, stop, lock)
 
 
@@ -337,9 +335,9 @@ def _train_and_evaluate(config, workdir, hooks, stop, lock) -> dict[str, Any]:
       sources["train"], batch_size=config.batch_size, seed=int(config.seed), **shard)
   del local_batch
 
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+  ckpt = checkpoint.Checkpointer(storage.join(workdir, "checkpoints"),
                                  every=config.checkpoint_every, keep=config.keep_checkpoints)
-  best_ckpt = checkpoint.Checkpointer(os.path.join(workdir, "best"), every=0, keep=1)
+  best_ckpt = checkpoint.Checkpointer(storage.join(workdir, "best"), every=0, keep=1)
   state = trainer.state
   start_step, train_sums = 0, None
   restored = ckpt.restore_latest(trainer.abstract_state())
@@ -454,7 +452,7 @@ def _train_and_evaluate(config, workdir, hooks, stop, lock) -> dict[str, Any]:
     results["majority_class_rate"] = float(label_counts.max() / label_counts.sum())
   results.update(task.result_fields(test_best=test_best, test_final=test_final,
                                     final_validation=final_val, best=best))
-  _write_json(os.path.join(workdir, "results.json"), results)
+  _write_json(storage.join(workdir, "results.json"), results)
   ckpt.close()
   best_ckpt.close()
   writer.close()

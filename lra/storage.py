@@ -1,0 +1,183 @@
+"""A run's files, on the local disk or in a bucket (`gs://...`), through `etils.epath`.
+
+Every file the trainer reads or writes in a workdir (config, metrics, TensorBoard events,
+results, phase results, checkpoint folders) goes through these functions, so `--workdir
+gs://BUCKET/runs/x` works on a TPU pod: epath reaches buckets through fsspec (`gcsfs` for
+`gs://`, installed by `pip install -e '.[gcs]'`), and orbax writes the checkpoints itself.
+
+Local and remote paths differ in what they can do atomically:
+  * local: a file is written to `<name>.tmp` and renamed over the old one (`os.replace`), so
+    a kill leaves the old or the new file, never half of one; lines are appended in place;
+  * remote: an object upload is atomic by itself (the object changes when the upload ends), and
+    objects cannot be appended to, so writers keep the lines they wrote and upload the whole
+    file again (`LineFile`); renames are a copy and a delete.
+Only process 0 writes the shared files (the callers check `jax.process_index()`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from etils import epath
+
+REMOTE_PREFIXES = ("gs://", "s3://", "az://", "hf://")
+
+
+def is_remote(path: Any) -> bool:
+  """Whether `path` names a bucket (`gs://`, `s3://`, ...) rather than the local disk."""
+  return os.fspath(path).startswith(REMOTE_PREFIXES)
+
+
+def resolve(path: Any) -> str:
+  """A workdir as given by the user -> the string used everywhere after: local paths absolute
+  (with `~` expanded), remote ones unchanged."""
+  path = os.fspath(path)
+  return path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def join(*parts: Any) -> str:
+  """`os.path.join` that also joins remote paths."""
+  return os.fspath(epath.Path(parts[0]).joinpath(*parts[1:])) if is_remote(parts[0]) else \
+      os.path.join(*parts)
+
+
+def exists(path: Any) -> bool:
+  return epath.Path(path).exists()
+
+
+def isdir(path: Any) -> bool:
+  return epath.Path(path).is_dir()
+
+
+def makedirs(path: Any) -> None:
+  epath.Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def listdir(path: Any) -> list[str]:
+  """Names in folder `path` (empty when it does not exist)."""
+  p = epath.Path(path)
+  return sorted(child.name for child in p.iterdir()) if p.is_dir() else []
+
+
+def rmtree(path: Any) -> None:
+  p = epath.Path(path)
+  if p.is_dir():
+    p.rmtree()
+  elif p.exists():
+    p.unlink()
+
+
+def read_text(path: Any) -> str | None:
+  """The file's text, or None when it does not exist."""
+  p = epath.Path(path)
+  return p.read_text() if p.exists() else None
+
+
+def write_text(path: Any, text: str) -> None:
+  """Writes `text` so that a reader (or a kill) sees the old file or the new one, whole."""
+  if is_remote(path):
+    epath.Path(path).write_text(text)   # an object changes when its upload completes
+    return
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def write_json(path: Any, obj: Any) -> None:
+  write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def read_json(path: Any) -> Any:
+  """The parsed file, or None when it does not exist."""
+  text = read_text(path)
+  return None if text is None else json.loads(text)
+
+
+def append_text(path: Any, text: str) -> None:
+  """Adds `text` at the end of the file (remote: the file is read and uploaded whole)."""
+  if is_remote(path):
+    epath.Path(path).write_text((read_text(path) or "") + text)
+  else:
+    with open(path, "a") as f:
+      f.write(text)
+
+
+def replace(src: Any, dst: Any) -> None:
+  """Renames `src` over `dst` (remote: a copy, then the source is deleted)."""
+  if is_remote(src):
+    epath.Path(src).copy(dst, overwrite=True)
+    epath.Path(src).unlink()
+  else:
+    os.replace(src, dst)
+
+
+class LineFile:
+  """A text file that grows by lines (metrics.jsonl). Locally each line is appended in place;
+  remotely, where objects cannot grow, the file's lines are kept and uploaded whole each time
+  (a metrics file holds thousands of lines at most)."""
+
+  def __init__(self, path: Any):
+    self.path = os.fspath(path)
+    self.remote = is_remote(self.path)
+    self._lines: list[str] | None = None   # remote only: the file's lines, read once
+
+  def append(self, line: str) -> None:
+    if not self.remote:
+      with open(self.path, "a") as f:
+        f.write(line + "\n")
+      return
+    if self._lines is None:
+      text = read_text(self.path) or ""
+      self._lines = text.splitlines(keepends=True)
+      if self._lines and not self._lines[-1].endswith("\n"):
+        self._lines.pop()   # a line cut short, as read_metrics leaves it out
+    self._lines.append(line + "\n")
+    write_text(self.path, "".join(self._lines))
+
+  def rewrite(self, lines: list[str]) -> None:
+    """Replaces the file by `lines` (each without its newline), atomically."""
+    write_text(self.path, "".join(line + "\n" for line in lines))
+    if self.remote:
+      self._lines = [line + "\n" for line in lines]
+
+
+class _EventFile:
+  """A TensorBoard event file in a bucket: the bytes written so far, uploaded whole on each
+  flush (what tensorboardX's own gs:// writer does, here through epath instead of the
+  google-cloud-storage client)."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self.data = bytearray()
+    self.flushed = 0
+
+  def write(self, data: bytes) -> None:
+    self.data += data
+
+  def flush(self) -> None:
+    if len(self.data) != self.flushed:
+      epath.Path(self.path).write_bytes(bytes(self.data))
+      self.flushed = len(self.data)
+
+  def close(self) -> None:
+    self.flush()
+
+
+class _EventFiles:
+  def open(self, path: str) -> _EventFile:
+    return _EventFile(path)
+
+  def directory_check(self, path: str) -> None:
+    del path   # buckets have no folders to create
+
+
+def register_tensorboard_writers() -> None:
+  """Makes tensorboardX write `gs://`, `s3://` ... event files through epath."""
+  from tensorboardX import record_writer
+  for prefix in REMOTE_PREFIXES:
+    record_writer.register_writer_factory(prefix.split(":")[0], _EventFiles())
