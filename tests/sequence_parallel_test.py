@@ -1,0 +1,124 @@
+"""Sequence-parallel band attention (attention/sequence_parallel.py) against one-device
+`band_attention` on the whole sequence: outputs and gradients, on a 4-device sequence axis, with
+dilation per head, causal, padding (an all-padding row and a chunk that is all padding), global
+tokens spread over devices, chunks not a multiple of the block and shorter than one block."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import attention
+from attention import sequence_parallel
+
+DEVICES = 4
+RTOL, ATOL = 2e-5, 2e-5
+
+
+def mesh():
+  return Mesh(np.array(jax.devices()[:DEVICES]), ("sequence",))
+
+
+def inputs(batch, length, heads=4, dim=8, seed=0, pad=True, globals_at=()):
+  rng = np.random.default_rng(seed)
+  q, k, v = (jnp.asarray(rng.normal(size=(batch, length, heads, dim)), jnp.float32)
+             for _ in range(3))
+  key_mask = np.ones((batch, length), bool)
+  if pad:
+    key_mask[-1, length - length // 3:] = False       # the last chunk(s) all padding
+    if batch > 2:
+      key_mask[1] = False                              # an all-padding row
+  glob = np.zeros((batch, length), bool)
+  for row, pos in globals_at:
+    glob[row, pos] = True
+  return q, k, v, jnp.asarray(key_mask), jnp.asarray(glob)
+
+
+def sharded(fn, **kwargs):
+  spec = P(None, "sequence")
+  return jax.jit(jax.shard_map(functools.partial(fn, **kwargs), mesh=mesh(),
+                               in_specs=(spec,) * 5, out_specs=spec, check_vma=False))
+
+
+CASES = [
+    # (length, window, dilation, causal, block_size, globals)
+    (64, 3, 1, False, 8, ()),
+    (64, 5, 1, True, 8, ()),
+    (60, 4, (1, 2, 2, 3), False, 8, ()),        # chunks of 15: not a multiple of the block
+    (60, 4, (1, 1, 2, 3), True, None, ()),
+    (24, 6, 1, False, 32, ()),                 # chunks of 6, shorter than one block
+    (48, 0, 1, False, 4, ()),                  # window 0: no halo at all
+    (64, 3, 1, False, 8, ((0, 2), (0, 40), (2, 17), (2, 18), (2, 63))),
+    (64, 3, (1, 2, 1, 2), True, 8, ((0, 5), (0, 50), (2, 31), (2, 33))),
+]
+
+
+@pytest.mark.parametrize("length,window,dilation,causal,block,globals_at", CASES)
+def test_equals_band_attention_on_the_whole_sequence(length, window, dilation, causal, block,
+                                                     globals_at):
+  q, k, v, key_mask, glob = inputs(3, length, globals_at=globals_at)
+  use_glob = bool(globals_at)
+  args = dict(window=window, dilation=dilation, causal=causal, block_size=block)
+
+  def one_device(q, k, v, key_mask, glob):
+    return attention.band_attention(q, k, v, key_mask=key_mask,
+                                    global_mask=glob if use_glob else None,
+                                    max_global=8 if use_glob else None, **args)
+
+  def split(q, k, v, key_mask, glob, **kw):
+    return sequence_parallel.sequence_parallel_band_attention(
+        q, k, v, key_mask=key_mask, global_mask=glob if use_glob else None,
+        max_global=2 if use_glob else 0, **kw)
+
+  many = sharded(split, **args)
+  want = jax.jit(one_device)(q, k, v, key_mask, glob)
+  got = many(q, k, v, key_mask, glob)
+  np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+  assert np.all(np.asarray(got)[~np.asarray(key_mask)] == 0)
+
+  def loss(fn, q, k, v):
+    return jnp.sum(jnp.sin(fn(q, k, v, key_mask, glob)) * jnp.arange(q.shape[-1]))
+
+  grads = jax.grad(functools.partial(loss, jax.jit(one_device)), argnums=(0, 1, 2))(q, k, v)
+  grads_many = jax.grad(functools.partial(loss, many), argnums=(0, 1, 2))(q, k, v)
+  for g_many, g in zip(grads_many, grads):
+    np.testing.assert_allclose(g_many, g, rtol=RTOL, atol=ATOL)
+
+
+def test_only_the_halo_crosses_devices():
+  q, k, v, key_mask, glob = inputs(2, 64, pad=False)
+  fn = sharded(lambda q, k, v, m, g: sequence_parallel.sequence_parallel_band_attention(
+      q, k, v, key_mask=m, window=3, block_size=8))
+  text = fn.lower(q, k, v, key_mask, glob).as_text()
+  assert "all-gather" not in text and "all_gather" not in text
+  assert "collective_permute" in text or "collective-permute" in text
+
+
+def test_too_many_globals_on_one_device_poisons_the_row():
+  q, k, v, key_mask, glob = inputs(2, 32, pad=False, globals_at=((0, 1), (0, 2), (0, 3)))
+  fn = sharded(lambda q, k, v, m, g: sequence_parallel.sequence_parallel_band_attention(
+      q, k, v, key_mask=m, global_mask=g, max_global=2, window=2, block_size=4))
+  out = np.asarray(fn(q, k, v, key_mask, glob))
+  assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(window=9, block_size=4), "each device holds 8 positions but the band reaches 9"),
+    (dict(window=2, dilation=(1, 5, 1, 1)), "reaches 10"),
+    (dict(window=2, global_mask=True), "max_global >= 1"),
+])
+def test_impossible_settings_are_refused(kwargs, message):
+  q, k, v, key_mask, glob = inputs(1, 32, pad=False)
+  if kwargs.pop("global_mask", False):
+    kwargs["global_mask"] = glob
+  fn = sharded(lambda q, k, v, m, g, **kw: sequence_parallel.sequence_parallel_band_attention(
+      q, k, v, key_mask=m, **kw), **{k_: v_ for k_, v_ in kwargs.items()
+                                     if k_ != "global_mask"})
+  if "global_mask" in kwargs:
+    fn = sharded(lambda q, k, v, m, g: sequence_parallel.sequence_parallel_band_attention(
+        q, k, v, key_mask=m, global_mask=g, window=2))
+  with pytest.raises(ValueError, match=message):
+    fn(q, k, v, key_mask, glob)
