@@ -234,6 +234,12 @@ def _merge(acc, part):
 
 
 def _causal_softmax(a, b, v, real, chunk: int):
+  num, den, _ = causal_softmax_parts(a, b, v, real, chunk)
+  has = den > 0                                                    # >= 1 when any real key
+  return jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
+
+
+def causal_softmax_parts(a, b, v, real, chunk: int, prefix=None):
   """Causal positive-feature attention from exponents a, b `[B, H, L, m]` (b = NEG_INF at
   padded keys), v `[B, H, L, Dv]` (0 at padded keys), real `[B, 1, L]`; chunk a power of two.
 
@@ -242,6 +248,11 @@ def _causal_softmax(a, b, v, real, chunk: int):
   of 2 s positions of a chunk, the right half's queries with the left half's keys, for
   s = 1, 2, ..., C / 2; earlier chunks through states carried relative to their running
   per-feature max. The parts are added per query relative to their largest log-scale.
+
+  Returns the numerator `[B, H, L, Dv]`, denominator `[B, H, L]` and log-scale `[B, H, L]` of
+  every query (out = num / den). `prefix` (S `[B, H, m, Dv]`, z `[B, H, m]` relative to the
+  per-feature reference t `[B, H, m]`) is a state of keys before position 0 (other devices'),
+  added to every query relative to its own reference.
   """
   bsz, h, length, _ = a.shape
   n = -(-length // chunk)
@@ -270,12 +281,11 @@ def _causal_softmax(a, b, v, real, chunk: int):
     phi_k = (phi_k.reshape(pairs.shape[:5] + (size, -1)) * scale[:, :, :, :, :, None]).reshape(
         phi_k.shape)
     size *= 2
-  if n > 1:
-    acc = _merge(acc, _earlier_chunks(a, phi_k, y[:, :, :, 0], v))
-  num, den, _ = acc
-  has = den > 0                                                    # >= 1 when any real key
-  out = jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
-  return out.reshape(bsz, h, n * chunk, -1)[:, :, :length]
+  if n > 1 or prefix is not None:
+    acc = _merge(acc, _earlier_chunks(a, phi_k, y[:, :, :, 0], v, prefix))
+  num, den, x = acc
+  cut = lambda t: t.reshape((bsz, h, n * chunk) + t.shape[4:])[:, :, :length]
+  return cut(num), cut(den), cut(x)
 
 
 def _diagonal(a, b, v, real):
@@ -303,9 +313,10 @@ def _left_to_right(a, phi_k, y, v, size: int):
   return right(num, 0.0), right(den, 0.0), right(x, NEG_INF)
 
 
-def _earlier_chunks(a, phi_k, t, v):
+def _earlier_chunks(a, phi_k, t, v, prefix=None):
   """Queries of chunk n with the keys of chunks < n: per-chunk states (S, z) of phi_k (relative
-  to the chunk's per-feature max t `[B, H, N, m]`), carried relative to their running max."""
+  to the chunk's per-feature max t `[B, H, N, m]`), carried relative to their running max,
+  starting from `prefix` (S, z, t) when given (else nothing)."""
   states = jnp.einsum("bhncm,bhncd->bhnmd", phi_k, v)              # [B, H, N, m, Dv]
   sums = jnp.sum(phi_k, axis=3)                                    # [B, H, N, m]
 
@@ -318,7 +329,8 @@ def _earlier_chunks(a, phi_k, t, v):
     return carry, (s_acc, z_acc, t_acc)
 
   init = (jnp.zeros_like(states[:, :, 0]), jnp.zeros_like(sums[:, :, 0]),
-          jnp.full_like(t[:, :, 0], NEG_INF))
+          jnp.full_like(t[:, :, 0], NEG_INF)) if prefix is None else \
+      tuple(x.astype(jnp.float32) for x in prefix)
   _, prev = jax.lax.scan(step, init, tuple(jnp.moveaxis(x, 2, 0) for x in (states, sums, t)))
   prev_s, prev_z, prev_t = (jnp.moveaxis(x, 0, 2) for x in prev)
   ref = prev_t[:, :, :, None]                                      # [B, H, N, 1, m]

@@ -119,6 +119,15 @@ def causal_linear_attention(phi_q, phi_k, v, chunk_size: int | None = None,
 
 @functools.partial(jax.jit, static_argnames=("chunk",))
 def _causal_core(phi_q, phi_k, v, key_log_scale, *, chunk: int):
+  num, den = causal_parts(phi_q, phi_k, v, key_log_scale, chunk=chunk)
+  return _normalise(num, den)
+
+
+def causal_parts(phi_q, phi_k, v, key_log_scale=None, *, chunk: int, prefix=None):
+  """The numerator `[B, H, L, Dv]` and denominator `[B, H, L]` of causal kernelized attention
+  (`_causal_core` divides them). `prefix` (S `[B, H, M, Dv]`, z `[B, H, M]`, only without
+  `key_log_scale`) holds the state of keys before position 0 (another device's), added to every
+  query's sums."""
   b, h, length, m = phi_q.shape
   dv = v.shape[-1]
   chunk = min(chunk, -(-length // 8) * 8)                    # never more than one padded chunk
@@ -140,6 +149,9 @@ def _causal_core(phi_q, phi_k, v, key_log_scale, *, chunk: int):
     sums = jnp.sum(pk, axis=3)                                     # [B, H, N, M]
     prev_s = _exclusive_cumsum(states, axis=2)                     # keys of earlier chunks
     prev_z = _exclusive_cumsum(sums, axis=2)
+    if prefix is not None:
+      prev_s = prev_s + prefix[0][:, :, None].astype(jnp.float32)
+      prev_z = prev_z + prefix[1][:, :, None].astype(jnp.float32)
     num_inter = jnp.einsum("bhncm,bhnmd->bhncd", pq, prev_s)
     den_inter = jnp.einsum("bhncm,bhnm->bhnc", pq, prev_z)
   else:
@@ -179,8 +191,8 @@ def _causal_core(phi_q, phi_k, v, key_log_scale, *, chunk: int):
 
   num = jnp.einsum("bhncs,bhnsd->bhncd", a, vc) + num_inter        # [B, H, N, C, Dv]
   den = jnp.sum(a, axis=-1) + den_inter                            # [B, H, N, C]
-  out = _normalise(num.reshape(b, h, n * chunk, dv), den.reshape(b, h, n * chunk))
-  return out[:, :, :length]
+  return (num.reshape(b, h, n * chunk, dv)[:, :, :length],
+          den.reshape(b, h, n * chunk)[:, :, :length])
 
 
 def elu_features(x):

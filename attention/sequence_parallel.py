@@ -1,4 +1,5 @@
-"""Band attention with the sequence split over devices: halo exchange, never an all-gather.
+"""Attention with the sequence split over devices: band (halo exchange, never an all-gather of
+the sequence), FAVOR+ and linear attention (feature states summed or prefixed over devices).
 
 Called inside `jax.shard_map` with the length axis of q, k, v and the masks split over the mesh
 axis `axis_name` (device i holds positions [i C, (i+1) C), C = L / devices). Each device
@@ -18,6 +19,9 @@ sums), and each device keeps the rows of its own global tokens.
 The result equals `attention.band_attention` on the whole sequence (tests/sequence_parallel_
 test.py, outputs and gradients) with the same masking rules. The band kernel's scans start from
 unsharded zeros, so the enclosing `jax.shard_map` needs `check_vma=False`.
+
+FAVOR+ and linear attention: see `sequence_parallel_favor_attention`; what crosses devices is
+the m x Dv feature state per device and head, never keys or values.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from attention import band, validation
+from attention import band, favor, linear, validation
 from attention.dot_product import NEG_INF
 
 
@@ -155,3 +159,116 @@ def _with_globals(q, k, v, out, lse, real, glob, num_global, causal, axis_name):
   # A row with more global tokens on one device than slots: poison the whole row, everywhere.
   overflow = jax.lax.psum((jnp.sum(glob, axis=1) > num_global).astype(jnp.int32), axis_name) > 0
   return jnp.where(overflow[:, None, None, None], jnp.nan, out)
+
+
+def _gathered_prefix(state, axis_name: str):
+  """Sum of the states of the devices before this one: all-gather the (small) per-device states,
+  keep those of lower index. `state` is a tuple of arrays; returns the same structure."""
+  me = jax.lax.axis_index(axis_name)
+  out = []
+  for x in state:
+    every = jax.lax.all_gather(x, axis_name)                          # [n, ...]
+    before = (jnp.arange(every.shape[0]) < me).reshape((-1,) + (1,) * x.ndim)
+    out.append(jnp.sum(jnp.where(before, every, 0.0), axis=0))
+  return tuple(out)
+
+
+def _softmax_prefix(phi, t, v, axis_name: str):
+  """The exclusive prefix over devices of per-feature-stabilised states: each device's S, z are
+  relative to its own per-feature key max t; the sum over earlier devices is taken relative to
+  their largest t (NEG_INF when there is none: device 0, or only padding before)."""
+  me = jax.lax.axis_index(axis_name)
+  s = jnp.einsum("bhlm,bhld->bhmd", phi, v)                            # [B, H, m, Dv]
+  z = jnp.sum(phi, axis=2)                                             # [B, H, m]
+  ss, zs, ts = (jax.lax.all_gather(x, axis_name) for x in (s, z, t))   # [n, ...]
+  before = (jnp.arange(ts.shape[0]) < me)[:, None, None, None]
+  ts = jnp.where(before, ts, NEG_INF)
+  top = jnp.max(ts, axis=0)                                            # [B, H, m]
+  w = jnp.where(before, jnp.exp(ts - top), 0.0)                        # <= 1
+  return (jnp.sum(ss * w[..., None], axis=0), jnp.sum(zs * w, axis=0), top)
+
+
+def sequence_parallel_favor_attention(q, k, v, *, features, causal: bool = False,
+                                      key_mask=None, chunk_size: int | None = None,
+                                      kernel: str = "softmax", axis_name: str = "sequence"):
+  """`favor_attention` over a sequence split along `axis_name` (call inside `jax.shard_map`,
+  `check_vma=False`); q, k, v, key_mask are this device's chunk `[B, C, ...]`.
+
+  Bidirectional: the per-feature key maxima (`pmax`), then the m x Dv state and the normaliser
+  summed over devices (`psum`). Causal: each device's whole-chunk state relative to its own
+  per-feature key max; a device adds the states of the devices before it (all-gathered states,
+  not keys) relative to their largest max, then runs the one-device chunked prefix; so no
+  position depends on a later one on any device.
+  """
+  b_, chunk_len, _, h, d = validation.check_qkv(q, k, v, same_length=True)
+  favor.check_features(features, d)
+  validation.check_token_mask("key_mask", key_mask, b_, chunk_len)
+  if kernel not in favor.KERNELS:
+    raise ValueError(f"unknown FAVOR+ kernel {kernel!r}; valid kernels: "
+                     f"{', '.join(favor.KERNELS)}.")
+  chunk = linear.check_chunk_size(chunk_size)
+  head_major = lambda x: jnp.swapaxes(x, 1, 2)
+  w = jnp.asarray(features).astype(jnp.float32)
+  qh, kh, vh = head_major(q), head_major(k), head_major(v).astype(jnp.float32)
+  real = jnp.ones((b_, 1, chunk_len, 1), bool) if key_mask is None else \
+      key_mask[:, None, :, None]
+  vh = jnp.where(real, vh, 0.0)
+  if kernel == "relu":
+    scale = d ** -0.25
+    feats = lambda x: jax.nn.relu(jnp.einsum("bhld,md->bhlm", x.astype(jnp.float32) * scale,
+                                             w)) + favor.RELU_EPSILON
+    out = _linear_parts(feats(qh), jnp.where(real, feats(kh), 0.0), vh, causal, chunk,
+                        axis_name)
+  else:
+    a = favor._log_features(qh, w, with_norm=False)   # noqa: SLF001 - the same features
+    bk = jnp.where(real, favor._log_features(kh, w, with_norm=True), NEG_INF)  # noqa: SLF001
+    if causal:
+      t = jax.lax.stop_gradient(jnp.max(bk, axis=2))                  # [B, H, m] this device
+      phi = jnp.where(real, jnp.exp(bk - t[:, :, None]), 0.0)
+      prefix = _softmax_prefix(phi, t, vh, axis_name)
+      num, den, _ = favor.causal_softmax_parts(
+          a, bk, vh, real[..., 0], favor._power_of_two_chunk(chunk, chunk_len),  # noqa: SLF001
+          prefix=prefix)
+      out = linear._normalise(num, den)   # noqa: SLF001
+    else:
+      y = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(bk, axis=2, keepdims=True)), axis_name)
+      phi_k = jnp.where(real, jnp.exp(bk - y), 0.0)
+      x = jax.lax.stop_gradient(jnp.max(a + y, axis=-1, keepdims=True))
+      out = _bidirectional(jnp.exp(a + y - x), phi_k, vh, axis_name)
+  out = jnp.where(real, out, 0.0)
+  return head_major(out).astype(q.dtype)
+
+
+def _bidirectional(phi_q, phi_k, v, axis_name):
+  s = jax.lax.psum(jnp.einsum("bhlm,bhld->bhmd", phi_k, v), axis_name)
+  z = jax.lax.psum(jnp.sum(phi_k, axis=2), axis_name)
+  num = jnp.einsum("bhlm,bhmd->bhld", phi_q, s)
+  den = jnp.einsum("bhlm,bhm->bhl", phi_q, z)
+  return linear._normalise(num, den)   # noqa: SLF001
+
+
+def _linear_parts(phi_q, phi_k, v, causal, chunk, axis_name):
+  """Kernelized attention from non-negative features over the split sequence."""
+  if not causal:
+    return _bidirectional(phi_q, phi_k, v, axis_name)
+  prefix = _gathered_prefix((jnp.einsum("bhlm,bhld->bhmd", phi_k, v), jnp.sum(phi_k, axis=2)),
+                            axis_name)
+  num, den = linear.causal_parts(phi_q, phi_k, v, chunk=chunk, prefix=prefix)
+  return linear._normalise(num, den)   # noqa: SLF001
+
+
+def sequence_parallel_linear_attention(q, k, v, *, causal: bool = False, key_mask=None,
+                                       chunk_size: int | None = None,
+                                       axis_name: str = "sequence"):
+  """`linear_attention` (elu + 1 features) over a sequence split along `axis_name`: the states
+  summed over devices, or (causal) the states of earlier devices added to each device's prefix."""
+  b_, chunk_len, _, _, _ = validation.check_qkv(q, k, v, same_length=True)
+  validation.check_token_mask("key_mask", key_mask, b_, chunk_len)
+  chunk = linear.check_chunk_size(chunk_size)
+  head_major = lambda x: jnp.swapaxes(x, 1, 2)
+  real = jnp.ones((b_, 1, chunk_len, 1), bool) if key_mask is None else \
+      key_mask[:, None, :, None]
+  phi_q, phi_k = linear.elu_features(head_major(q)), linear.elu_features(head_major(k))
+  vh = jnp.where(real, head_major(v).astype(jnp.float32), 0.0)
+  out = _linear_parts(phi_q, jnp.where(real, phi_k, 0.0), vh, causal, chunk, axis_name)
+  return head_major(jnp.where(real, out, 0.0)).astype(q.dtype)

@@ -122,3 +122,64 @@ def test_impossible_settings_are_refused(kwargs, message):
         q, k, v, key_mask=m, global_mask=g, window=2))
   with pytest.raises(ValueError, match=message):
     fn(q, k, v, key_mask, glob)
+
+
+def run_split(fn, q, k, v, key_mask):
+  spec = P(None, "sequence")
+  return jax.jit(jax.shard_map(fn, mesh=mesh(), in_specs=(spec,) * 4, out_specs=spec,
+                               check_vma=False))(q, k, v, key_mask)
+
+
+LINEAR_CASES = [("favor", "softmax", False), ("favor", "softmax", True), ("favor", "relu", False),
+                ("favor", "relu", True), ("linear", None, False), ("linear", None, True)]
+
+
+def linear_pair(name, kernel, causal, chunk=4):
+  """(one-device function, split function) of (q, k, v, key_mask)."""
+  if name == "favor":
+    features = attention.favor_features(jax.random.key(5), 16, 8)
+    one = lambda q, k, v, m: attention.favor_attention(
+        q, k, v, features=features, causal=causal, key_mask=m, chunk_size=chunk, kernel=kernel)
+    split = lambda q, k, v, m: sequence_parallel.sequence_parallel_favor_attention(
+        q, k, v, features=features, causal=causal, key_mask=m, chunk_size=chunk, kernel=kernel)
+  else:
+    one = lambda q, k, v, m: attention.linear_attention(q, k, v, causal=causal, key_mask=m,
+                                                        chunk_size=chunk)
+    split = lambda q, k, v, m: sequence_parallel.sequence_parallel_linear_attention(
+        q, k, v, causal=causal, key_mask=m, chunk_size=chunk)
+  return one, split
+
+
+@pytest.mark.parametrize("name,kernel,causal", LINEAR_CASES)
+@pytest.mark.parametrize("length", [44, 12])     # chunks of 11 (not a power of two), of 3
+def test_favor_and_linear_equal_one_device(name, kernel, causal, length):
+  q, k, v, key_mask, _ = inputs(3, length)
+  q, k = 3.0 * q, 3.0 * k                           # large norms: the stabilisers matter
+  one, split = linear_pair(name, kernel, causal)
+  want = jax.jit(one)(q, k, v, key_mask)
+  got = run_split(split, q, k, v, key_mask)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  assert np.all(np.asarray(got)[~np.asarray(key_mask)] == 0)
+
+  def loss(fn, q, k, v):
+    return jnp.sum(jnp.sin(fn(q, k, v, key_mask)) * jnp.arange(q.shape[-1]))
+
+  grads = jax.grad(functools.partial(loss, jax.jit(one)), argnums=(0, 1, 2))(q, k, v)
+  grads_split = jax.grad(functools.partial(
+      loss, lambda q, k, v, m: run_split(split, q, k, v, m)), argnums=(0, 1, 2))(q, k, v)
+  for g_split, g in zip(grads_split, grads):
+    np.testing.assert_allclose(g_split, g, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,kernel", [("favor", "softmax"), ("favor", "relu"),
+                                         ("linear", None)])
+def test_causal_positions_do_not_depend_on_later_devices(name, kernel):
+  q, k, v, key_mask, _ = inputs(2, 64, pad=False)
+  _, split = linear_pair(name, kernel, True)
+  before = np.asarray(run_split(split, q, k, v, key_mask))
+  later = np.arange(64) >= 40                        # device 2 (from 40) and device 3
+  k2 = jnp.where(later[None, :, None, None], 50.0 * k, k)   # huge keys: a max would move
+  v2 = jnp.where(later[None, :, None, None], -v, v)
+  after = np.asarray(run_split(split, q, k2, v2, key_mask))
+  np.testing.assert_array_equal(after[:, :32], before[:, :32])   # devices 0 and 1, bit for bit
+  assert not np.allclose(after[:, 40:], before[:, 40:])
