@@ -32,7 +32,9 @@ POOLINGS = ("cls", "mean")
 # `config.remat`: "none", "block" (recompute each block in the backward pass) or a policy of
 # `jax.checkpoint_policies` that keeps some of a block's values (models/encoder.py REMAT).
 REMATS = ("none", "block", "dots_saveable", "dots_with_no_batch_dims_saveable")
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "sequence", "tensor")
+# The attention kinds that can run with the length split over devices (models/sequence.py).
+SEQUENCE_KINDS = ("band", "favor", "linear")
 
 Rule = tuple[Callable[[Any], bool], str]  # (is the value valid, what it must be)
 
@@ -207,6 +209,22 @@ def _check_layer_attention(model: Any) -> None:
     check_attention(entry, where, default_kind)
 
 
+def _check_sequence_split(config: ml_collections.ConfigDict) -> None:
+  """With the length split over devices, every layer's kind must be able to run split."""
+  mesh = _get(config, "mesh")
+  if mesh is _MISSING or dict(mesh).get("sequence", 1) in (1, None):
+    return
+  model = config.model
+  default = model.attention.get("kind")
+  for entry in (model.attention, *(model.get("layer_attention") or ())):
+    kind = dict(entry).get("kind", default)
+    if kind not in SEQUENCE_KINDS:
+      raise ValueError(
+          f"config.mesh.sequence = {mesh['sequence']}: attention {kind!r} cannot run with the "
+          f"sequence split over devices; use --attention {', '.join(SEQUENCE_KINDS[:-1])} or "
+          f"{SEQUENCE_KINDS[-1]}, or --config.mesh.sequence=1.")
+
+
 def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
   """Raises ValueError (one line, prefixed by `context`) at the first invalid value."""
   try:
@@ -218,6 +236,7 @@ def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
       if "attention" in model:
         check_attention(model.attention, "config.model.attention")
         _check_layer_attention(model)
+        _check_sequence_split(config)
   except ValueError as e:
     if context:
       raise ValueError(f"{context}{e}") from None

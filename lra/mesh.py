@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 
@@ -44,8 +44,8 @@ def maybe_initialize_distributed(flag: bool = False) -> None:
   jax.distributed.initialize(**kwargs)
 
 
-def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, int, int]:
-  """Resolves {data, fsdp, tensor} sizes (one may be -1) against the device count."""
+def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
+  """Resolves {data, fsdp, sequence, tensor} sizes (one may be -1) against the device count."""
   unknown = [k for k in sizes if k not in MESH_AXES]
   if unknown:
     raise ValueError(f"unknown mesh axes {unknown}; valid axes: {', '.join(MESH_AXES)}.")
@@ -64,7 +64,7 @@ def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, int, in
 
 
 def make_mesh(sizes: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
-  """A (data, fsdp, tensor) mesh with Auto axes over `devices` (default: all devices)."""
+  """A (data, fsdp, sequence, tensor) mesh with Auto axes over `devices` (default: all devices)."""
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(sizes, len(devices))
   devices = devices[:int(np.prod(shape))]

@@ -24,6 +24,7 @@ phases of a staged schedule this way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -230,7 +231,16 @@ class Trainer:
     base_key = jax.random.key(seed + 1)
     tx = self.tx
 
+    # With a sequence axis, the models read the mesh while tracing (models/sequence.py).
+    split = self.mesh.shape.get("sequence", 1) > 1
+    in_mesh = lambda: (jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh) if split
+                       else contextlib.nullcontext())
+
     def train_step(state, batch, rest):
+      with in_mesh():
+        return _train_step(state, batch, rest)
+
+    def _train_step(state, batch, rest):
       traces[0] += 1  # runs at trace time only
       rng = jax.random.fold_in(base_key, state["step"])
 
@@ -246,8 +256,9 @@ class Trainer:
       return {"params": params, "opt": opt_state, "step": state["step"] + 1}, sums
 
     def eval_step(params, batch, rest):
-      model = nnx.merge(graphdef, params, rest)
-      return objective(model, batch, None)
+      with in_mesh():
+        model = nnx.merge(graphdef, params, rest)
+        return objective(model, batch, None)
 
     self.train_step = jax.jit(train_step, out_shardings=(self.state_sh, repl),
                               donate_argnums=0)

@@ -18,7 +18,7 @@ from flax import nnx
 
 import attention
 from attention import kinds
-from models import attention_extras
+from models import attention_extras, sequence
 from models.sharding import param
 
 
@@ -93,6 +93,10 @@ class MultiHeadAttention(nnx.Module):
       kwargs.update(self.extras(length=x.shape[1], rng=rng))
     if self.causal:
       kwargs["causal"] = True
+    if sequence.devices() > 1:                                             # length split
+      k = jnp.einsum("ble,ehd->blhd", x, self.key[...])
+      out = sequence.attend(self.kind, q, k, v, key_mask, kwargs)
+      return jnp.einsum("blhd,hde->ble", out, self.out[...])
     fn = attention.get(self.kind)
     if self.shared_qk:
       out = fn(q, v, key_mask=key_mask, **kwargs)                          # [B, L, H, Dh]

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import attention_extras
+from models import attention_extras, sequence
 from models.attention_layer import MultiHeadAttention, split_spec
 from models.embeddings import PositionEmbedding, TokenEmbedding
 from models.sharding import metadata, param
@@ -224,9 +224,16 @@ class Encoder(nnx.Module):
       x = jnp.concatenate([cls, x], axis=1)                                # [B, L+1, E]
       key_mask = jnp.concatenate([jnp.ones_like(key_mask[:, :1]), key_mask], axis=1)
     x = dropout(self.positions(x), self.dropout_rate, _fold(rng, 0))
+    split = sequence.devices()
+    if split > 1:   # the length split over devices: padded to a multiple (exact), then split
+      x, key_mask, length = sequence.pad_length(x, key_mask, split)
+      x = sequence.split_length(x)
     x = run_blocks(self.blocks, x, key_mask, rng, self.remat)
     x = self.ln_final(x)
-    return jnp.where(key_mask[..., None], x, 0.0), key_mask
+    x = jnp.where(key_mask[..., None], x, 0.0)
+    if split > 1:
+      x, key_mask = x[:, :length], key_mask[:, :length]
+    return x, key_mask
 
 
 def pool(x: jax.Array, key_mask: jax.Array, kind: str) -> jax.Array:

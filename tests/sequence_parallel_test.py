@@ -183,3 +183,55 @@ def test_causal_positions_do_not_depend_on_later_devices(name, kernel):
   after = np.asarray(run_split(split, q, k2, v2, key_mask))
   np.testing.assert_array_equal(after[:, :32], before[:, :32])   # devices 0 and 1, bit for bit
   assert not np.allclose(after[:, 40:], before[:, 40:])
+
+
+# --- The sequence axis of the mesh in a whole training step (models/sequence.py) ---------------
+
+def train_losses(kind, mesh, *, pool="mean", dropout="0.1", steps=2):
+  import configs
+  from lra import mesh as mesh_lib, train
+  overrides = [("data.max_length", "32"), ("model.num_layers", "2"), ("batch_size", "8"),
+               ("eval_batch_size", "8"), ("model.pool", pool), ("model.dropout", dropout),
+               ("warmup_steps", "1"), *[(f"mesh.{k}", str(v)) for k, v in mesh.items()]]
+  if kind == "band":
+    overrides.append(("model.attention.window", "4"))
+  trainer = train.Trainer(configs.build_config("listops", size="small", attention=kind,
+                                               overrides=overrides))
+  rng = np.random.default_rng(0)
+  batch = {"inputs": rng.integers(1, 10, (8, 32)).astype(np.int32),
+           "targets": rng.integers(0, 10, (8,)).astype(np.int32)}
+  batch["inputs"][-1, 20:] = 0
+  batch = mesh_lib.global_batch(batch, trainer.mesh)
+  state, losses = trainer.state, []
+  for _ in range(steps):
+    state, sums = trainer.train_step(state, batch, trainer.rest)
+    losses.append(float(sums["loss_sum"]))
+  hlo = trainer.train_step.lower(state, batch, trainer.rest).compile().as_text()
+  return losses, jax.tree.leaves(state["params"]), hlo
+
+
+@pytest.mark.parametrize("kind,pool,dropout", [
+    ("band", "mean", "0.1"),      # length 32 splits evenly: dropout draws are the same too
+    ("band", "cls", "0.0"),       # 33 with the CLS token: padded to 36 (exact without dropout)
+    ("favor", "mean", "0.1"),
+    ("linear", "cls", "0.0"),
+])
+def test_a_split_sequence_trains_like_one_device(kind, pool, dropout):
+  losses, params, _ = train_losses(kind, {"data": 2, "sequence": 1}, pool=pool, dropout=dropout)
+  losses_split, params_split, hlo = train_losses(kind, {"data": 2, "sequence": 4}, pool=pool,
+                                                 dropout=dropout)
+  np.testing.assert_allclose(losses_split, losses, rtol=2e-5)
+  for p_split, p in zip(params_split, params):
+    np.testing.assert_allclose(p_split, p, rtol=2e-4, atol=5e-5)   # after Adam
+  if kind == "band":
+    assert "collective-permute" in hlo
+
+
+def test_kinds_that_cannot_run_split_are_refused():
+  import configs
+  from configs import validate
+  config = configs.build_config("listops", size="small", attention="dot_product",
+                                overrides=[("mesh.sequence", "2")])
+  with pytest.raises(ValueError, match=r"config.mesh.sequence = 2: attention 'dot_product' "
+                                       r"cannot run with the sequence split"):
+    validate.check(config)

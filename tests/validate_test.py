@@ -24,7 +24,7 @@ from configs import validate
 from launch import cli, train as launcher
 from lra import mesh, tasks
 from lra import train as trainer
-from models import attention_extras, embeddings, encoder
+from models import attention_extras, embeddings, encoder, sequence
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,8 +66,8 @@ BAD = [
      "dilation, max_global, window."),
     (["listops", "--config.model.attention.window=8"],
      "config.model.attention.window = 8: dot_product takes no arguments"),
-    (["listops", "--config.model.attention.kind=flash"],
-     "config.model.attention.kind = 'flash'"),
+    (["listops", "--config.model.attention.kind=flashy"],
+     "config.model.attention.kind = 'flashy'"),
     (["listops", "--config.model.layer_attention=({'window': 4},)"],
      "config.model.layer_attention has 1 entry"),
     (["listops", "--size", "small", "--attention", "band",
@@ -165,7 +165,7 @@ def test_every_shipped_config_passes(task, size, kind):
 
 
 LAYER_ARGUMENTS = {"key_mask", "query_mask", "causal"}  # the layer passes these itself
-ARRAY_ARGUMENTS = {"mask", "global_mask"}  # per-batch arrays for direct callers; no config value
+ARRAY_ARGUMENTS = {"mask", "global_mask", "block_mask"}  # arrays for direct callers, no config
 
 
 def supplied_by_extras(name: str) -> set[str]:
@@ -193,6 +193,7 @@ def test_kind_arguments_match_the_primitive_and_its_extras(name):
 def test_names_agree_with_the_trainer_and_the_models():
   assert validate.POOLINGS == encoder.POOLINGS
   assert validate.REMATS == tuple(encoder.REMAT)
+  assert validate.SEQUENCE_KINDS == tuple(sorted(sequence.FUNCTIONS))
   assert validate.POSITIONS == embeddings.POSITION_KINDS
   assert validate.MESH_AXES == mesh.MESH_AXES
   config = configs.build_config("listops", size="small")
