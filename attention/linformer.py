@@ -58,7 +58,9 @@ def _check_projection(name: str, proj, length: int, heads: int) -> None:
 
 
 def _project(x, proj):
-  """Projects `[B, L, H, D]` along L with `[L, K]` or `[H, L, K]`; returns `[B, K, H, D]`."""
+  """Projects `[B, L, H, D]` along L with `[L, K]` or `[H, L, K]`; returns `[B, K, H, D]`, in
+  float32 whatever the input dtype (XLA:CPU has no bfloat16 dot with a float32 result)."""
+  x, proj = x.astype(jnp.float32), proj.astype(jnp.float32)
   if proj.ndim == 2:
     return jnp.einsum("blhd,lk->bkhd", x, proj, preferred_element_type=jnp.float32)
   return jnp.einsum("blhd,hlk->bkhd", x, proj, preferred_element_type=jnp.float32)

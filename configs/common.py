@@ -126,6 +126,9 @@ def trainer_defaults() -> ml_collections.ConfigDict:
   # Rematerialisation: "none", "block" (each block's activations are recomputed in the backward
   # pass, keeping only its input) or a jax.checkpoint policy name (configs/validate.py REMATS).
   c.remat = "none"
+  # Activations: "float32", or "bfloat16" (parameters, optimizer state and softmax statistics
+  # stay float32).
+  c.dtype = "float32"
   c.distributed = False        # jax.distributed.initialize() (or set LRA_DISTRIBUTED=1)
   c.progress = True            # the stderr progress line
   return c

@@ -31,6 +31,7 @@ POSITIONS = ("sinusoidal", "learned", "none")
 POOLINGS = ("cls", "mean")
 # `config.remat`: "none", "block" (recompute each block in the backward pass) or a policy of
 # `jax.checkpoint_policies` that keeps some of a block's values (models/encoder.py REMAT).
+DTYPES = ("float32", "bfloat16")
 REMATS = ("none", "block", "dots_saveable", "dots_with_no_batch_dims_saveable")
 MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 # The attention kinds that can run with the length split over devices (models/sequence.py).
@@ -89,6 +90,7 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("adam_eps", number(0, strict=True), "Adam's denominator epsilon"),
     ("remat", one_of(*REMATS), "what each block keeps for the backward pass (none keeps "
      "everything; block recomputes the block; dots_* keep only matmul outputs)"),
+    ("dtype", one_of(*DTYPES), "the activations' dtype (parameters stay float32)"),
     ("model.num_layers", POSITIVE, "transformer blocks"),
     ("model.num_heads", POSITIVE, "attention heads"),
     ("model.emb_dim", POSITIVE, "the model width"),

@@ -84,7 +84,7 @@ def model_config(config: ml_collections.ConfigDict, task) -> dict[str, Any]:
   # Evaluation windows may be longer than the training ones (character LMs, `eval_length`).
   max_length = max(int(config.data.max_length), int(config.data.get("eval_length", 0) or 0))
   cfg.update(vocab_size=task.vocab_size, num_classes=task.num_classes, max_length=max_length,
-             remat=str(config.get("remat", "none")))
+             remat=str(config.get("remat", "none")), dtype=str(config.get("dtype", "float32")))
   return cfg
 
 

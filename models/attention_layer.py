@@ -86,21 +86,21 @@ class MultiHeadAttention(nnx.Module):
 
   def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
     """x: `[B, L, E]`; key_mask: `[B, L]` bool (True = real token); rng: key or None (eval)."""
-    q = jnp.einsum("ble,ehd->blhd", x, self.query[...])                    # [B, L, H, Dh]
-    v = jnp.einsum("ble,ehd->blhd", x, self.value[...])                    # [B, L, H, Dh]
+    q = jnp.einsum("ble,ehd->blhd", x, self.query[...].astype(x.dtype))  # [B, L, H, Dh]
+    v = jnp.einsum("ble,ehd->blhd", x, self.value[...].astype(x.dtype))  # [B, L, H, Dh]
     kwargs = dict(self.args)
     if self.extras is not None:
       kwargs.update(self.extras(length=x.shape[1], rng=rng))
     if self.causal:
       kwargs["causal"] = True
     if sequence.devices() > 1:                                             # length split
-      k = jnp.einsum("ble,ehd->blhd", x, self.key[...])
+      k = jnp.einsum("ble,ehd->blhd", x, self.key[...].astype(x.dtype))
       out = sequence.attend(self.kind, q, k, v, key_mask, kwargs)
-      return jnp.einsum("blhd,hde->ble", out, self.out[...])
+      return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))
     fn = attention.get(self.kind)
     if self.shared_qk:
       out = fn(q, v, key_mask=key_mask, **kwargs)                          # [B, L, H, Dh]
     else:
-      k = jnp.einsum("ble,ehd->blhd", x, self.key[...])                    # [B, L, H, Dh]
+      k = jnp.einsum("ble,ehd->blhd", x, self.key[...].astype(x.dtype))  # [B, L, H, Dh]
       out = fn(q, k, v, key_mask=key_mask, **kwargs)                       # [B, L, H, Dh]
-    return jnp.einsum("blhd,hde->ble", out, self.out[...])                 # [B, L, E]
+    return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))  # [B, L, E]

@@ -28,6 +28,7 @@ from models.embeddings import PositionEmbedding, TokenEmbedding
 from models.sharding import metadata, param
 
 POOLINGS = ("cls", "mean")
+DTYPES = ("float32", "bfloat16")
 # config.remat -> the jax.checkpoint policy of each block (None: no rematerialisation).
 REMAT = {
     "none": None,
@@ -76,17 +77,28 @@ def _fold(rng, i: int):
   return None if rng is None else jax.random.fold_in(rng, i)
 
 
-def dense(rngs: nnx.Rngs, fan_in: int, fan_out: int, names: tuple[str | None, str | None]):
-  """nnx.Linear with Xavier-uniform kernel, zero bias, and logical axis names."""
+def dense(rngs: nnx.Rngs, fan_in: int, fan_out: int, names: tuple[str | None, str | None],
+          dtype=None):
+  """nnx.Linear with Xavier-uniform kernel, zero bias, and logical axis names; `dtype` is the
+  computation's (float32 parameters either way)."""
   return nnx.Linear(
       fan_in, fan_out, rngs=rngs, kernel_init=nnx.initializers.xavier_uniform(),
-      kernel_metadata=metadata(names), bias_metadata=metadata((names[1],)))
+      kernel_metadata=metadata(names), bias_metadata=metadata((names[1],)), dtype=dtype)
 
 
-def layer_norm(rngs: nnx.Rngs, dim: int) -> nnx.LayerNorm:
-  """nnx.LayerNorm whose scale and bias carry the logical name "embed"."""
+def layer_norm(rngs: nnx.Rngs, dim: int, dtype=None) -> nnx.LayerNorm:
+  """nnx.LayerNorm whose scale and bias carry the logical name "embed" (statistics in float32,
+  output in `dtype`)."""
   return nnx.LayerNorm(dim, rngs=rngs, scale_metadata=metadata(("embed",)),
-                       bias_metadata=metadata(("embed",)))
+                       bias_metadata=metadata(("embed",)), dtype=dtype)
+
+
+def compute_dtype(cfg: Mapping[str, Any]):
+  """The activations' dtype (`config.dtype`): float32, or bfloat16 with float32 parameters."""
+  name = str(cfg.get("dtype", "float32"))
+  if name not in DTYPES:
+    raise ValueError(f"dtype={name!r}; valid: {', '.join(DTYPES)}.")
+  return jnp.dtype(name)
 
 
 def layer_specs(attention: Mapping[str, Any], layer_attention: Sequence[Mapping[str, Any]],
@@ -114,9 +126,10 @@ def layer_specs(attention: Mapping[str, Any], layer_attention: Sequence[Mapping[
 class MLP(nnx.Module):
   """Dense(mlp_dim) -> GELU -> Dropout -> Dense(emb_dim)."""
 
-  def __init__(self, emb_dim: int, mlp_dim: int, dropout_rate: float, *, rngs: nnx.Rngs):
-    self.fc1 = dense(rngs, emb_dim, mlp_dim, ("embed", "mlp"))
-    self.fc2 = dense(rngs, mlp_dim, emb_dim, ("mlp", "embed"))
+  def __init__(self, emb_dim: int, mlp_dim: int, dropout_rate: float, *, rngs: nnx.Rngs,
+               dtype=None):
+    self.fc1 = dense(rngs, emb_dim, mlp_dim, ("embed", "mlp"), dtype)
+    self.fc2 = dense(rngs, mlp_dim, emb_dim, ("mlp", "embed"), dtype)
     self.dropout_rate = dropout_rate
 
   def __call__(self, x: jax.Array, *, rng=None) -> jax.Array:
@@ -131,12 +144,13 @@ class Block(nnx.Module):
                causal: bool = False, shared_extras=None, layer_index: int = 0,
                rngs: nnx.Rngs):
     e = cfg["emb_dim"]
-    self.ln_attn = layer_norm(rngs, e)
+    dtype = compute_dtype(cfg)
+    self.ln_attn = layer_norm(rngs, e, dtype)
     self.attention = MultiHeadAttention(
         e, cfg["num_heads"], cfg["qkv_dim"], spec, max_length=max_length, causal=causal,
         shared_extras=shared_extras, layer_index=layer_index, rngs=rngs)
-    self.ln_mlp = layer_norm(rngs, e)
-    self.mlp = MLP(e, cfg["mlp_dim"], cfg["dropout"], rngs=rngs)
+    self.ln_mlp = layer_norm(rngs, e, dtype)
+    self.mlp = MLP(e, cfg["mlp_dim"], cfg["dropout"], rngs=rngs, dtype=dtype)
     self.dropout_rate = cfg["dropout"]
 
   def __call__(self, x: jax.Array, key_mask, *, rng=None) -> jax.Array:
@@ -211,7 +225,8 @@ class Encoder(nnx.Module):
       blocks.append(Block(cfg, spec, max_length=max_length, causal=causal,
                           shared_extras=extras, layer_index=i, rngs=rngs))
     self.blocks = nnx.List(blocks)
-    self.ln_final = layer_norm(rngs, cfg["emb_dim"])
+    self.ln_final = layer_norm(rngs, cfg["emb_dim"], compute_dtype(cfg))
+    self.dtype = compute_dtype(cfg)
     self.dropout_rate = cfg["dropout"]
     self.remat = str(cfg.get("remat", "none"))
 
@@ -223,7 +238,7 @@ class Encoder(nnx.Module):
       cls = jnp.broadcast_to(self.cls[...], (x.shape[0], 1, x.shape[2])).astype(x.dtype)
       x = jnp.concatenate([cls, x], axis=1)                                # [B, L+1, E]
       key_mask = jnp.concatenate([jnp.ones_like(key_mask[:, :1]), key_mask], axis=1)
-    x = dropout(self.positions(x), self.dropout_rate, _fold(rng, 0))
+    x = dropout(self.positions(x), self.dropout_rate, _fold(rng, 0)).astype(self.dtype)
     split = sequence.devices()
     if split > 1:   # the length split over devices: padded to a multiple (exact), then split
       x, key_mask, length = sequence.pad_length(x, key_mask, split)

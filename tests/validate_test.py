@@ -193,6 +193,7 @@ def test_kind_arguments_match_the_primitive_and_its_extras(name):
 def test_names_agree_with_the_trainer_and_the_models():
   assert validate.POOLINGS == encoder.POOLINGS
   assert validate.REMATS == tuple(encoder.REMAT)
+  assert validate.DTYPES == encoder.DTYPES
   assert validate.SEQUENCE_KINDS == tuple(sorted(sequence.FUNCTIONS))
   assert validate.POSITIONS == embeddings.POSITION_KINDS
   assert validate.MESH_AXES == mesh.MESH_AXES
