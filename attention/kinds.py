@@ -123,6 +123,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("favor", "favor", "favor_attention", extras="FavorFeatures",
          defaults=lambda window, max_length: {"num_features": 256, "redraw": False},
          arguments=("chunk_size", "kernel", "num_features", "redraw")),
+    Kind("flash", "flash", "flash_attention", arguments=("block_size",)),
     Kind("linear", "linear", "linear_attention", arguments=("chunk_size",)),
     Kind("linformer", "linformer", "linformer_attention",
          causal="Linformer projects keys and values along the length axis, so every "

@@ -24,7 +24,7 @@ def test_list_shows_tasks_and_every_attention_kind(capsys):
 def test_unknown_task_and_attention_are_errors_with_the_valid_names(capsys):
   assert cli.main(["run", "listop"]) == 2
   assert "valid tasks: enwik8, image, listops, pathfinder" in capsys.readouterr().err
-  assert cli.main(["run", "listops", "--attention", "flash"]) == 2
+  assert cli.main(["run", "listops", "--attention", "flashy"]) == 2
   assert "valid names: " in capsys.readouterr().err
 
 
