@@ -284,14 +284,14 @@ class Report:
     times = f" (about {copies:.0f} times that)" if copies >= 1.5 else ""
     return f"largest buffer {text}; temporaries {program.temp / GB:.1f} GB in all{times}"
 
-  def remat_peak(self) -> int | None:
-    """The estimate with `--config.remat=block` (the train step compiled again), or None when
-    the config already rematerialises or the eval step is the bigger program."""
-    if self.config.get("remat", "none") != "none" or self.eval_peak >= self.train_peak:
-      return None
+  def variant_peak(self, field: str, value: Any) -> int:
+    """The estimate with `config.<field> = value` (its train step compiled again; the eval
+    step's estimate is kept)."""
     config = copy.deepcopy(self.config)
     with config.unlocked():
-      config.remat = "block"
+      target, _, name = field.rpartition(".")
+      (config if not target else config[target] if "." not in target else
+       config[target.split(".")[0]][target.split(".")[1]])[name] = value
     trainer = train_lib.Trainer.abstract(config)
     batch = abstract_batch(trainer.task, config.data, int(config.batch_size), trainer.mesh,
                            "train")
@@ -299,12 +299,31 @@ class Report:
                               trainer.abstract_rest)
     return max(program.peak, self.eval_peak)
 
+  def remat_peak(self) -> int | None:
+    """The estimate with `--config.remat=block`, or None when the config already
+    rematerialises or the eval step is the bigger program."""
+    if self.config.get("remat", "none") != "none" or self.eval_peak >= self.train_peak:
+      return None
+    return self.variant_peak("remat", "block")
+
+  def flash_peak(self) -> int | None:
+    """The estimate with the exact memory-efficient kind instead of dense attention (the train
+    step only), or None when the config is not dense."""
+    if self.config.model.attention.kind != "dot_product" or self.config.model.get(
+        "layer_attention") or self.eval_peak >= self.train_peak:
+      return None
+    return self.variant_peak("model.attention.kind", "flash")
+
   def ways_out(self) -> list[str]:
     """Concrete changes that make the run smaller, each with its estimate where it can say."""
     c, out = self.config, []
     arg = dict(p.split("=", 1) for p in c.get("config_arg", "").split(",") if "=" in p)
     if arg.get("size") == "base":
       out.append("--size small")
+    flash = self.flash_peak()
+    if flash is not None and flash < 0.9 * self.peak:
+      out.append(f"--attention flash (exact, memory linear in the length: about "
+                 f"{flash / GB:.1f} GB)")
     if c.model.attention.kind in QUADRATIC_KINDS:
       out.append(f"a linear-cost --attention such as {' or '.join(LINEAR_KINDS[:2])}")
     remat = self.remat_peak()

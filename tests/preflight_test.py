@@ -66,8 +66,11 @@ def test_listops_base_stops_in_one_line_before_any_data(tmp_path):
   assert "attention scores f32[32,8,2001,2001]" in line and "batch x heads x L x L" in line
   remat = re.search(r"--config.remat=block \(about ([0-9.]+) GB\)", line)
   assert remat and float(remat.group(1)) < 0.5 * estimate, line   # measured: 25.1 of 70.3
-  for way_out in ("--size small", "--attention such as band or favor", "--config.batch_size=8",
-                  "devices", "--no_preflight"):
+  assert re.search(r"--attention flash \(exact, memory linear in the length: about [0-9.]+ GB\)",
+                   line)
+  assert re.search(r"--config.batch_size=\d+ \(about", line)   # 8 with 24 GB free
+  for way_out in ("--size small", "--attention such as band or favor", "devices",
+                  "--no_preflight"):
     assert way_out in line
   assert os.listdir(data) == []              # no dataset folder: nothing was generated
   assert not (tmp_path / "w").exists()
@@ -87,7 +90,7 @@ def test_dry_run_of_a_base_config_field_by_field(tmp_path, monkeypatch, capsys):
   assert field["config"] == ("2 fields differ from the default listops "
                              "(attention=dot_product,size=base,window=0)")
   assert "  mesh.data: -1 -> 2" in lines and "  num_train_steps: 5000 -> 7" in lines
-  assert field["mesh"] == "data 2 x fsdp 1 x tensor 1 = 2 cpu devices"
+  assert field["mesh"] == "data 2 x fsdp 1 x sequence 1 x tensor 1 = 2 cpu devices"
   # The parameter count is the initialised model's, and the sharding table adds up to it.
   config = configs.build_config("listops", overrides=[("mesh.data", "2")])
   trainer = train.Trainer(config)
