@@ -11,18 +11,20 @@ Measured = peak RSS - RSS before the state; both sides count the state, the batc
 temporaries and the outputs, neither counts Python, jax or the compiled code. The table: config,
 estimate, measured, measured / estimate.
 
-  .venv/bin/python benchmarks/preflight_memory.py            # the five configs, about 4 minutes
+  .venv/bin/python benchmarks/preflight_memory.py            # the seven configs, about 6 minutes
   .venv/bin/python benchmarks/preflight_memory.py --steps 2 --only listops-small-dense
 
 `--cache` times the persistent compile cache instead: `lra run listops --size small
 --config.num_train_steps=5` (data prepared beforehand; `--attention` picks the kind) in fresh
 workdirs: with an empty cache folder, then with the one that run filled, the same two with
 `--no_preflight`, and with `--no_compile_cache` (with and without the preflight), each
-`--repeats` times. It prints the median seconds from the command's start to the end of its
+`--repeats` times; `--size base` runs the LRA base model at length 2,000 instead (batch 8, and
+fewer examples, so that the test evaluation stays short). It prints the median seconds from the command's start to the end of its
 first train step (the command runs in a child that notes when its first step returns) and to
 its exit.
 
   .venv/bin/python benchmarks/preflight_memory.py --cache --repeats 3
+  .venv/bin/python benchmarks/preflight_memory.py --cache --repeats 3 --size base --attention band
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ CONFIGS = {
                           {"data.max_length": 1000, "batch_size": 8, "eval_batch_size": 8}),
     "listops-mid-band": ("listops", "base", "band",
                          {"data.max_length": 2000, "batch_size": 8, "eval_batch_size": 8}),
+    "listops-mid-dense-remat": ("listops", "base", "dot_product",
+                                {"data.max_length": 1000, "batch_size": 8, "eval_batch_size": 8,
+                                 "remat": "block"}),
+    "listops-mid-band-remat": ("listops", "base", "band",
+                               {"data.max_length": 2000, "batch_size": 8, "eval_batch_size": 8,
+                                "remat": "block"}),
     "text-small-favor": ("text", "small", "favor", {}),
     "text-mid-favor": ("text", "base", "favor",
                        {"data.max_length": 2000, "batch_size": 8, "eval_batch_size": 8}),
@@ -154,15 +162,25 @@ def timed_command(argv: list[str], env: dict) -> tuple[float, float, float]:
   return float(marks["FIRST_STEP"]), total, float(marks["IMPORTED"])
 
 
-def cache_table(repeats: int, attention: str) -> None:
+# With --size base: fewer examples, so that the final test evaluation does not dominate the
+# time to exit, and batch 8 (the LRA base model and length; batch 32 with band attention holds
+# 18 GB of this machine's 24).
+BASE_DATA = ["--config.data.num_train=256", "--config.data.num_val=64",
+             "--config.data.num_test=64"]
+BASE_BATCH = ["--config.batch_size=8", "--config.eval_batch_size=8"]
+
+
+def cache_table(repeats: int, attention: str, size: str = "small") -> None:
   """Cold and warm cache, with and without the preflight and the cache, `repeats` times each."""
   root = tempfile.mkdtemp(prefix="lra-cache-bench-")
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "LRA_DATA": os.path.join(root, "data")}
   env.pop("XLA_FLAGS", None)
-  run = ["run", "listops", "--size", "small", "--attention", attention,
-         "--config.num_train_steps=5", "--config.progress=false"]
+  data = BASE_DATA if size == "base" else []
+  run = ["run", "listops", "--size", size, "--attention", attention,
+         "--config.num_train_steps=5", "--config.progress=false", *data,
+         *(BASE_BATCH if size == "base" else [])]
   subprocess.run([sys.executable, "-m", "launch.cli", "data", "prepare", "listops", "--size",
-                  "small"], cwd=ROOT, env=env, check=True, capture_output=True)
+                  size, *data], cwd=ROOT, env=env, check=True, capture_output=True)
   # name -> (cache folder, flags): "a" is filled by the first run and read by the second
   kinds = {"cold cache": ("a", []), "warm cache": ("a", []),
            "cold cache, --no_preflight": ("b", ["--no_preflight"]),
@@ -200,9 +218,12 @@ def main(argv=None) -> int:
                       help="time the compile cache instead (see above)")
   parser.add_argument("--repeats", type=int, default=3, help="runs of each kind with --cache")
   parser.add_argument("--attention", default="dot_product", help="the kind --cache runs")
+  parser.add_argument("--size", default="small", choices=("small", "base"),
+                      help="the ListOps config --cache runs (base: the LRA model and length, "
+                           "%s)" % " ".join(BASE_DATA + BASE_BATCH))
   args = parser.parse_args(argv)
   if args.cache:
-    cache_table(args.repeats, args.attention)
+    cache_table(args.repeats, args.attention, args.size)
     return 0
   print(f"{len(args.only or CONFIGS)} configs, {args.steps} train steps and one eval step each")
   print(f"{'config':<22} {'estimate GB':>12} {'(train':>8} {'eval)':>7} {'measured GB':>12} "
