@@ -1,17 +1,23 @@
 """The `lra` console command.
 
   lra run TASK [--attention NAME] [--size base|small] [--workdir DIR] [--config.x=y ...]
-  lra sweep TASK [--sweep NAME] [--arg k=v,...] --workdir DIR [--parallel K] [--dry_run]
-            [--config.x=y ...]
+  lra sweep TASK [--sweep NAME] [--arg k=v,...] --workdir DIR [--parallel K]
+            [--runner local|tpu|slurm [runner flags]] [--dry_run] [--config.x=y ...]
+  lra launch tpu --tpu NAME --zone ZONE [--project P] [--create --accelerator TYPE
+            --runtime VERSION] [--retries N] [--dry_run] -- run TASK [run flags]
+  lra launch slurm --nodes N --gpus-per-node G [--partition P] [--time T] [--account A]
+            [--dry_run] -- run TASK [run flags]
   lra results DIR [--format markdown|csv|json] [--sort COLUMN] [--lra]
   lra list
   lra data status [--size base|small] [--manual_dir DIR]
   lra data prepare TASK [--size base|small] [--manual_dir DIR] [--no-download]
 
 `run` trains and evaluates a task (see launch/train.py); `sweep` runs the points of a config
-file's sweep, each in its own folder (launch/sweep.py); `results` prints every run under a folder
-as one table (launch/results.py); `list` prints the tasks and the attention kinds; `data` shows
-which datasets are ready and builds one (see launch/data.py).
+file's sweep, each in its own folder, here or through a launcher (launch/sweep.py); `launch tpu`
+runs one `lra run` on every worker of a Cloud TPU pod through gcloud (launch/tpu.py), `launch
+slurm` submits it as a SLURM job with one task per GPU (launch/slurm.py); `results` prints every
+run under a folder as one table (launch/results.py); `list` prints the tasks and the attention
+kinds; `data` shows which datasets are ready and builds one (see launch/data.py).
 Unknown names fail with the list of valid ones; a bad config value or a `--config.x` without
 its value fails in one line (`error: ...`, exit status 2) before anything heavy is imported.
 """
@@ -38,6 +44,9 @@ def list_names() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] == "launch":  # its own parser: the command after `--` is left whole
+    from launch import remote
+    return remote.main(argv[1:])
   try:
     rest, overrides = train_launcher.split_overrides(argv)
   except ValueError as e:  # a `--config.x` without its value
@@ -51,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   results_launcher.add_arguments(sub.add_parser("results", help="every run under a folder as "
                                                                  "one table"))
   sub.add_parser("list", help="list tasks and attention kinds")
+  sub.add_parser("launch", help="run on a TPU pod (launch tpu) or a SLURM cluster (launch "
+                                "slurm); see `lra launch tpu --help`", add_help=False)
   data_launcher.add_arguments(sub.add_parser("data", help="dataset status and preparation"))
   args = parser.parse_args(rest)
   if args.command == "data":

@@ -1,7 +1,8 @@
 """`lra sweep TASK`: the runs of a config file's sweep, each in its own folder, K at a time.
 
-  lra sweep TASK [--sweep NAME] [--arg k=v,...] --workdir DIR [--parallel K] [--runner local]
-                 [--dry_run] [--config.x=y ...]
+  lra sweep TASK [--sweep NAME] [--arg k=v,...] --workdir DIR [--parallel K] [--dry_run]
+                 [--runner local | --runner tpu --tpu NAME --zone Z ... |
+                  --runner slurm --nodes N --gpus-per-node G ...] [--config.x=y ...]
 
 A config file `configs/<task>.py` defines its sweeps as functions of one argument, `add`: `sweep`
 is the default, `sweep_<name>` is selected by `--sweep <name>`. Each call
@@ -21,8 +22,15 @@ is started, and the trainer resumes it from its last checkpoint. Up to `--parall
 once, one process each, its output appended to `DIR/<name>/log.txt`; `DIR/<name>/sweep.json`
 records the command and each attempt's exit status, time and last line. A failed run does not
 stop the others; the summary names each failure with the last line of its log. SIGTERM or Ctrl-C
-stops the sweep: the runs save a checkpoint and the same command continues later. Only the local
-runner exists so far: TPU-pod and SLURM launching are not there yet.
+stops the sweep: the runs save a checkpoint and the same command continues later.
+
+`--runner tpu` launches the unfinished points one after another on a TPU pod through
+launch/tpu.py (each a whole `lra launch tpu`, with its retries); `--runner slurm` submits each as
+its own SLURM job through launch/slurm.py. The runner's flags (`--tpu`, `--zone`, `--nodes`,
+`--env`, ...) pass through; each point's launch files go to `<launch_dir>/<name>/`. For these
+runners the folders of the runs are left to `lra run` (no log.txt or sweep.json), and `--dry_run`
+prints each point's `lra run` command as a `#` line and then its gcloud commands or its sbatch
+command.
 """
 
 from __future__ import annotations
@@ -42,7 +50,9 @@ import time
 from typing import Any, Callable, Sequence
 
 import configs
+from launch import remote, slurm, tpu
 from launch import train as train_launcher
+from lra import storage
 from lra import tasks as tasks_lib
 
 RECORD = "sweep.json"   # per run: the command and its attempts
@@ -168,8 +178,8 @@ def expand(task: str, sweep: str | None = None, *, arg: str = "",
 
 def finished(run_dir: str, point: Point) -> bool:
   """Whether the run has its results: `results.json`, or the last phase's for a staged one."""
-  sub = f"phase{point.staged_phases}" if point.staged_phases else ""
-  return os.path.exists(os.path.join(run_dir, sub, "results.json"))
+  parts = [f"phase{point.staged_phases}"] if point.staged_phases else []
+  return storage.exists(storage.join(run_dir, *parts, "results.json"))
 
 
 def _alive(pid: int, *, command_has: str = "") -> bool:
@@ -407,23 +417,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="the sweep's folder: one sub-folder per run, named after its point")
   parser.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
   parser.add_argument("--runner", default="local", choices=("local", "tpu", "slurm"),
-                      help="where the runs go; only `local` exists so far")
+                      help="where the runs go: here (local, --parallel at a time), on a TPU pod "
+                           "one after another (tpu), or one SLURM job each (slurm)")
   parser.add_argument("--dry_run", action="store_true",
-                      help="print one `lra run` command per point and run nothing")
+                      help="print one `lra run` command per point (and a remote runner's "
+                           "commands) and run nothing")
+  remote.add_common_options(parser)
+  tpu.add_options(parser)
+  slurm.add_options(parser)
 
 
 def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   """`lra sweep`: checks every point, then prints the commands or runs them."""
-  if args.runner != "local":
-    print(f"error: the {args.runner} runner is not there yet; use --runner local (see "
-          f"docs/launch.md).", file=sys.stderr)
-    return 2
   if args.parallel < 1:
     print("error: --parallel must be at least 1.", file=sys.stderr)
     return 2
   try:
+    runner = remote.sweep_runner(args)
     points = expand(args.task, args.sweep, arg=args.arg, overrides=overrides)
-  except ValueError as e:
+    if runner is not None:
+      return remote.run_sweep(args, points, *runner)
+  except ValueError as e:   # remote.LaunchError too
     print(f"error: {e}", file=sys.stderr)
     return 2
   if args.dry_run:
