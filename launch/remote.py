@@ -39,7 +39,11 @@ class LaunchError(ValueError):
 
 
 class OneLineParser(argparse.ArgumentParser):
-  """An argparse parser whose errors are one line (`error: ...`) and exit status 2."""
+  """An argparse parser whose errors are one line (`error: ...`) and exit status 2, and which
+  takes no abbreviations (`--gpus` is not `--gpus-per-node`)."""
+
+  def __init__(self, allow_abbrev: bool = False, **kwargs):
+    super().__init__(allow_abbrev=allow_abbrev, **kwargs)
 
   def error(self, message: str):
     raise LaunchError(f"{self.prog}: {message}")
@@ -80,7 +84,7 @@ def parse_run(argv: Sequence[str]) -> RunCommand:
                       f"got {got!r}.")
   try:
     rest, overrides = train_launcher.split_overrides(argv[1:])
-    parser = OneLineParser(prog="lra run", add_help=False)
+    parser = OneLineParser(prog="lra run", add_help=False, allow_abbrev=True)  # as `lra run`
     train_launcher.add_run_arguments(parser)
     args = parser.parse_args(rest)
     config = configs.build_config(args.task, attention=args.attention, size=args.size,
@@ -146,10 +150,13 @@ def main(argv: Sequence[str]) -> int:
   argv = list(argv)
   kinds = {"tpu": tpu, "slurm": slurm}
   try:
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
       print(__doc__.strip().split("\n\n")[0])
       print("\nSee `lra launch tpu --help`, `lra launch slurm --help` and docs/launch.md.")
-      return 0 if argv else 2
+      return 0
+    if not argv:
+      raise LaunchError("lra launch needs a launcher: `lra launch tpu ...` or `lra launch slurm "
+                        "...` (see docs/launch.md).")
     if argv[0] not in kinds:
       raise LaunchError(f"unknown launcher {argv[0]!r}; valid launchers: tpu, slurm.")
     module = kinds[argv[0]]

@@ -47,7 +47,7 @@ import sys
 import tarfile
 import threading
 import time
-from typing import IO, Sequence
+from typing import IO
 
 from launch import remote
 
@@ -301,6 +301,7 @@ class Launch:
     self.c = Commands(o, os.path.join(launch_dir, "src.tar.gz"))
     self.logs = os.path.join(launch_dir, time.strftime("%Y%m%d-%H%M%S"))
     self.clients: list[subprocess.Popen] = []
+    self.started = False   # whether this attempt's prepare step began (so workers may run)
 
   def say(self, text: str) -> None:
     print(f"[launch {time.strftime('%H:%M:%S')}] {text}", flush=True)
@@ -400,7 +401,10 @@ class Launch:
       threading.Thread(target=lambda i=i, p=p: exits.put((i, p.wait())), daemon=True).start()
     failed, done = None, 0
     while done < workers:
-      i, rc = exits.get()
+      try:
+        i, rc = exits.get(timeout=1)   # a timeout keeps Ctrl-C and SIGTERM responsive
+      except queue.Empty:
+        continue
       done += 1
       if rc != 0:
         failed = (i, rc)
@@ -424,6 +428,7 @@ class Launch:
     rc, _ = self.call(self.c.scp(), os.path.join(logs, "scp.log"), TIMEOUTS["scp"])
     if rc:
       raise _Failed(f"copying the code failed (exit {rc}): {_last_line(logs, 'scp.log')}")
+    self.started = True
     self.say(f"preparing the workers (stopping what holds the TPU, unpacking, the venv); log "
              f"{os.path.join(logs, 'prepare.log')}")
     rc, _ = self.call(self.c.ssh("all", prepare_script()), os.path.join(logs, "prepare.log"),
@@ -452,9 +457,10 @@ class Launch:
         self.say(f"{e}; retry {k} of {self.o.retries} once TPU {self.o.tpu} is READY.")
         continue
       except KeyboardInterrupt:
-        self.say("interrupted: stopping the workers.")
-        self.stop_workers(os.path.join(self.logs, f"attempt{k}"))
-        print("error: interrupted; the workers were stopped. Run the same command again to "
+        if self.started:
+          self.say("interrupted: stopping the workers.")
+          self.stop_workers(os.path.join(self.logs, f"attempt{k}"))
+        print("error: interrupted; nothing runs on the TPU now. Run the same command again to "
               "resume from the last checkpoint.", file=sys.stderr, flush=True)
         return 130
       self.say(f"finished: every worker exited 0 (attempt {k}); logs in {self.logs}")
@@ -498,7 +504,3 @@ def run(args: argparse.Namespace, command: remote.RunCommand) -> int:
   jax_version()
   return launch(o, command, launch_dir)
 
-
-def sweep_lines(o: Options, command: remote.RunCommand, launch_dir: str) -> Sequence[str]:
-  """A sweep point's gcloud commands (its dry run, without the notes)."""
-  return [line for line in plan(o, command, launch_dir) if not line.startswith("# ")]

@@ -238,8 +238,20 @@ def test_repeated_points_and_unknown_fields_fail_before_anything_runs(tmp_path, 
   assert "sweep point 2" in capsys.readouterr().err
   assert cli.main(["sweep", "listops", "--sweep", "nope", "--workdir", str(workdir)]) == 2
   assert "its sweeps: default, kinds_small, twice, typo." in capsys.readouterr().err
-  assert cli.main(["sweep", "listops", "--runner", "tpu", "--workdir", str(workdir)]) == 2
-  assert "the tpu runner is not there yet" in capsys.readouterr().err
+  for flags, message in (
+      (["--runner", "tpu"], "error: the TPU launcher needs --tpu NAME and --zone ZONE.\n"),
+      (["--runner", "slurm", "--nodes", "0", "--gpus-per-node", "1"],
+       "error: --nodes must be at least 1, got 0.\n"),
+      (["--tpu", "pod"], "error: --tpu: only with --runner tpu.\n"),
+      (["--runner", "tpu", "--tpu", "p", "--zone", "z", "--nodes", "2"],
+       "error: --nodes: only with --runner slurm.\n"),
+      (["--env", "A=1"], "error: --env: only with --runner tpu or --runner slurm.\n"),
+      (["--runner", "tpu", "--tpu", "p", "--zone", "z", "--parallel", "2"],
+       "error: --parallel applies to --runner local: TPU points run one after another, SLURM "
+       "points are separate jobs.\n")):
+    assert cli.main(["sweep", "listops", "--sweep", "kinds_small", "--workdir", str(workdir),
+                     *flags]) == 2
+    assert capsys.readouterr() == ("", message)
   assert not workdir.exists()
 
 
@@ -278,3 +290,102 @@ def test_results_status_of_unfinished_runs(tmp_path):
   r = rows["interrupted"]
   assert r["overrides"] == "model.num_layers=3" and r["seed"] == 4 and r["test"] is None
   assert r["params"] == results.abstract_params(json.loads(config.to_json_best_effort()))
+
+
+STANDIN = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$STANDIN_RECORD"
+case "$(basename "$0")" in
+  sbatch) echo 77 ;;
+  gcloud) echo PREEMPTED ;;
+esac
+"""
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+  """Stand-ins for `gcloud` (the TPU is PREEMPTED) and `sbatch` (job 77) that record calls."""
+  for name in ("gcloud", "sbatch"):
+    (tmp_path / "bin" / name).parent.mkdir(exist_ok=True)
+    (tmp_path / "bin" / name).write_text(STANDIN)
+    (tmp_path / "bin" / name).chmod(0o755)
+  monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+  monkeypatch.setenv("STANDIN_RECORD", str(tmp_path / "calls"))
+  return tmp_path / "calls"
+
+
+def sweep_on(runner_flags, workdir, launches, *more) -> list[str]:
+  return ["sweep", "listops", "--sweep", "kinds_small", "--workdir", str(workdir), *runner_flags,
+          "--launch_dir", str(launches), *more, *TINY]
+
+
+def test_tpu_runner_dry_run_prints_each_points_gcloud_commands(tmp_path, capsys, standin):
+  from launch import remote, tpu
+  workdir, launches = "gs://bucket/sweeps/kinds", tmp_path / "launches"
+  flags = ["--runner", "tpu", "--tpu", "pod", "--zone", "us-central2-b", "--workers", "2"]
+  assert cli.main(sweep_on(flags, workdir, launches, "--dry_run")) == 0
+  lines = capsys.readouterr().out.splitlines()
+  points = sweep.expand("listops", "kinds_small", overrides=launch_overrides())
+  assert len(lines) == 4 * 7
+  options = tpu.Options("pod", "us-central2-b", workers=2)
+  for k, p in enumerate(points):
+    block = lines[7 * k:7 * (k + 1)]
+    run = "lra " + shlex.join(p.argv("listops", workdir))
+    assert block[0] == f"# [{k + 1}/4] {p.name}: {run}"
+    command = remote.parse_run(p.argv("listops", workdir))
+    assert block[1:] == [x for x in tpu.plan(options, command, str(launches / p.name))
+                         if not x.startswith("#")]
+    assert block[-1].endswith(f"--workdir {workdir}/{p.name} " + " ".join(
+        f"--config.{k}={v}" for k, v in p.overrides) + "'")
+  assert not standin.exists() and not launches.exists()   # nothing called or written
+
+
+def test_slurm_runner_dry_run_prints_each_points_srun_and_sbatch(tmp_path, capsys, standin):
+  workdir, launches = tmp_path / "runs", tmp_path / "launches"
+  flags = ["--runner", "slurm", "--nodes", "2", "--gpus-per-node", "4", "--time", "2:00:00"]
+  assert cli.main(sweep_on(flags, workdir, launches, "--dry_run")) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 4 * 3
+  for k, name in enumerate(NAMES):
+    head, srun, submit = lines[3 * k:3 * (k + 1)]
+    assert head.startswith(f"# [{k + 1}/4] {name}: lra run listops --arg ")
+    assert srun.startswith(f"# srun --kill-on-bad-exit=1 --output={launches}/{name}/job%j-task%t"
+                           f".log {sys.executable} -m launch.cli run listops --arg ")
+    assert f" --workdir {workdir}/{name} " in srun
+    assert submit == f"sbatch --parsable {launches}/{name}/job.sbatch"
+  assert not standin.exists() and not launches.exists()
+
+
+def test_slurm_runner_submits_one_job_per_unfinished_point(tmp_path, capsys, standin):
+  workdir, launches = tmp_path / "runs", tmp_path / "launches"
+  (workdir / NAMES[1]).mkdir(parents=True)
+  (workdir / NAMES[1] / "results.json").write_text("{}")   # finished: skipped
+  flags = ["--runner", "slurm", "--nodes", "1", "--gpus-per-node", "2"]
+  assert cli.main(sweep_on(flags, workdir, launches)) == 0
+  out = capsys.readouterr().out
+  todo = [n for n in NAMES if n != NAMES[1]]
+  assert standin.read_text().splitlines() == [
+      f"sbatch --parsable {launches}/{n}/job.sbatch" for n in todo]
+  for n in todo:
+    script = (launches / n / "job.sbatch").read_text()
+    assert "#SBATCH --ntasks-per-node=2" in script and f"--workdir {workdir}/{n} " in script
+    assert f"] {n}: submitted job 77 (script {launches}/{n}/job.sbatch)" in out
+  assert f"] {NAMES[1]}: finished earlier (results.json exists); skipped." in out
+  assert "Summary: 4 runs: 3 submitted, 1 finished earlier (skipped), 0 failed." in out
+
+
+def test_tpu_runner_launches_the_points_one_after_another(tmp_path, capsys, standin):
+  # The stand-in TPU is PREEMPTED and there is no --create: each launch stops at its describe.
+  workdir, launches = tmp_path / "runs", tmp_path / "launches"
+  flags = ["--runner", "tpu", "--tpu", "pod", "--zone", "z"]
+  assert cli.main(sweep_on(flags, workdir, launches)) == 1
+  out, err = capsys.readouterr()
+  assert standin.read_text().splitlines() == [
+      "gcloud compute tpus tpu-vm describe pod --zone=z --format=value(state)"] * 4
+  assert err.count("error: TPU pod is PREEMPTED; create it (or launch with --create") == 4
+  assert "Summary: 4 runs: 0 finished now, 0 finished earlier (skipped), 4 failed: " in out
+  for n in NAMES:
+    assert (launches / n / "src.tar.gz").is_file()   # each point's launch files in its folder
+
+
+def launch_overrides() -> list[tuple[str, str]]:
+  return [tuple(flag[len("--config."):].split("=", 1)) for flag in TINY]
