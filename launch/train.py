@@ -164,12 +164,12 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
             "checkpoint.", file=sys.stderr)
       return 130
     except Exception as e:  # noqa: BLE001 - one line naming the cause; the traceback to a file
+      from lra import checkpoint
       line = failure_line(e, workdir)
-      print(f"error: {line}", file=sys.stderr, flush=True)
       if line.startswith("no space left"):   # orbax's abandoned writes report as they end
-        from lra import checkpoint
         checkpoint.stderr_to(os.path.join(workdir, "error.log") if not
                              storage.is_remote(workdir) else os.devnull)
+      checkpoint.report(f"error: {line}")
       return 2
   if results["interrupted"]:
     return 130

@@ -18,7 +18,6 @@ count, and any change of one byte of one array changes it.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import logging
@@ -96,11 +95,23 @@ def _quiet_orbax():
     absl_logger.setLevel(level)
 
 
+_terminal: tuple[int, tuple[int, int]] | None = None
+"""While `stderr_to` has sent descriptor 2 away: (a copy of the user's stderr, the identity
+of the file descriptor 2 was sent to)."""
+
+
+def _identity(fd: int) -> tuple[int, int]:
+  st = os.fstat(fd)
+  return st.st_dev, st.st_ino
+
+
 @contextlib.contextmanager
 def _stderr_kept_for(log_path: str):
   """Holds back what is written to stderr (file descriptor 2, so orbax's and tensorstore's
-  threads too) while a save runs: replayed when it succeeds, appended to `log_path` when it
-  fails, so a failed save (a full disk) ends with the caller's one line, not hundreds."""
+  threads too) while a save runs: replayed when it succeeds. When it fails, the held text and
+  everything written to descriptor 2 from then on (orbax's abandoned tasks keep reporting
+  while the error travels up and when the interpreter shuts down) go to `log_path`, and the
+  caller's one line reaches the user through `report`."""
   sys.stderr.flush()
   saved = os.dup(2)
   failed = False
@@ -113,31 +124,48 @@ def _stderr_kept_for(log_path: str):
       raise
     finally:
       sys.stderr.flush()
-      os.dup2(saved, 2)
+      if failed:   # straight from the held file to the log: nothing slips through meanwhile
+        stderr_to(log_path, terminal=saved)
+      else:
+        os.dup2(saved, 2)
       os.close(saved)
       held.seek(0)
       text = held.read()
       try:
-        if failed and text:
-          with open(log_path, "ab") as f:
-            f.write(text)
-        elif text:
+        if text:
           os.write(2, text)
       except OSError:
         pass   # the disk may be the very thing that is full
-      if failed:   # orbax's abandoned tasks report again when the interpreter shuts down
-        atexit.register(stderr_to, log_path)
 
 
-def stderr_to(log_path: str) -> None:
-  """Sends what is written to stderr from now on to `log_path` (or nowhere)."""
+def stderr_to(log_path: str, terminal: int = 2) -> None:
+  """Sends what is written to descriptor 2 from now on to `log_path` (or nowhere, when it
+  cannot be opened); `report` still reaches the user's stderr (`terminal`, a descriptor of it,
+  when descriptor 2 is already elsewhere)."""
+  global _terminal
   sys.stderr.flush()
   try:
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
   except OSError:
     fd = os.open(os.devnull, os.O_WRONLY)
+  if _terminal is None or _identity(2) != _terminal[1]:
+    if _terminal is not None:
+      os.close(_terminal[0])
+    _terminal = (os.dup(terminal), _identity(fd))
+  else:
+    _terminal = (_terminal[0], _identity(fd))
   os.dup2(fd, 2)
   os.close(fd)
+
+
+def report(line: str) -> None:
+  """Prints one line for the user on stderr, also after `stderr_to` sent descriptor 2 to the
+  error log."""
+  sys.stderr.flush()
+  if _terminal is not None and _identity(2) == _terminal[1]:
+    os.write(_terminal[0], (line + "\n").encode())
+  else:
+    print(line, file=sys.stderr, flush=True)
 
 
 def remove_unfinished(directory: str) -> list[str]:

@@ -184,7 +184,7 @@ def test_a_really_full_disk_is_one_line_then_resumes_identical(reference, small_
   full = run(workdir, reference[1], timeout=240)   # the run needs about 1 MB
   assert full.returncode == 2, full.stderr[-3000:]
   lines = full.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: no space left on device")
+  assert len(lines) == 1 and lines[0].startswith("error: no space left on device"), full.stderr
   subprocess.run(["mount", "-o", "remount,size=64M", str(small_disk)], check=True)
   again = run(workdir, reference[1])
   assert again.returncode == 0, again.stderr[-3000:]
