@@ -19,9 +19,9 @@ estimate, measured, measured / estimate.
 workdirs: with an empty cache folder, then with the one that run filled, the same two with
 `--no_preflight`, and with `--no_compile_cache` (with and without the preflight), each
 `--repeats` times; `--size base` runs the LRA base model at length 2,000 instead (batch 8, and
-fewer examples, so that the test evaluation stays short). It prints the median seconds from the command's start to the end of its
-first train step (the command runs in a child that notes when its first step returns) and to
-its exit.
+fewer examples, so that the test evaluation stays short). It prints the median seconds from the
+command's start to the start and to the end of its first train step (the command runs in a
+child that notes when its first step is called and when it returns) and to its exit.
 
   .venv/bin/python benchmarks/preflight_memory.py --cache --repeats 3
   .venv/bin/python benchmarks/preflight_memory.py --cache --repeats 3 --size base --attention band
@@ -125,7 +125,7 @@ def run(name: str, steps: int) -> dict:
 # argv: start time, then the `lra` command line. Prints FIRST_STEP <seconds since start> when the
 # first train step has returned (with its results ready).
 TIMED_RUN = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     start = float(sys.argv[1])
     import jax
     from lra import train
@@ -134,11 +134,15 @@ TIMED_RUN = textwrap.dedent("""
       init(self, config)
       step_fn = self.train_step
       def step(*args):
+        if self.__dict__.get("_timed") is None:
+          print(f"STEP_START {time.time() - start:.3f}", flush=True)
         out = step_fn(*args)
         if self.__dict__.get("_timed") is None:
           jax.block_until_ready(out)
           self._timed = True
           print(f"FIRST_STEP {time.time() - start:.3f}", flush=True)
+          if os.environ.get("STOP_AFTER_FIRST_STEP"):
+            os._exit(0)
         return out
       self.train_step = step
     train.Trainer.__init__ = timed_init
@@ -148,18 +152,20 @@ TIMED_RUN = textwrap.dedent("""
 """)
 
 
-def timed_command(argv: list[str], env: dict) -> tuple[float, float, float]:
+def timed_command(argv: list[str], env: dict) -> tuple[float, float, float, float]:
   """Seconds from the start of `lra` + argv to: the end of its first train step, its exit, the
-  end of its imports (the modules `lra run` needs, loaded before it starts)."""
+  end of its imports (the modules `lra run` needs, loaded before it starts), the start of its
+  first train step."""
   start = time.time()
   done = subprocess.run([sys.executable, "-c", TIMED_RUN, repr(start), *argv], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=1800)
   total = time.time() - start
   marks = dict(l.split() for l in done.stdout.splitlines()
-               if l.startswith(("FIRST_STEP ", "IMPORTED ")))
+               if l.startswith(("FIRST_STEP ", "IMPORTED ", "STEP_START ")))
   if done.returncode or "FIRST_STEP" not in marks:
     raise RuntimeError(f"{argv} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-  return float(marks["FIRST_STEP"]), total, float(marks["IMPORTED"])
+  return (float(marks["FIRST_STEP"]), total, float(marks["IMPORTED"]),
+          float(marks["STEP_START"]))
 
 
 # With --size base: fewer examples, so that the final test evaluation does not dominate the
@@ -170,8 +176,10 @@ BASE_DATA = ["--config.data.num_train=256", "--config.data.num_val=64",
 BASE_BATCH = ["--config.batch_size=8", "--config.eval_batch_size=8"]
 
 
-def cache_table(repeats: int, attention: str, size: str = "small") -> None:
-  """Cold and warm cache, with and without the preflight and the cache, `repeats` times each."""
+def cache_table(repeats: int, attention: str, size: str = "small", only_cache: bool = False
+                ) -> None:
+  """Cold and warm cache, with and without the preflight and the cache, `repeats` times each
+  (`only_cache`: the first two)."""
   root = tempfile.mkdtemp(prefix="lra-cache-bench-")
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "LRA_DATA": os.path.join(root, "data")}
   env.pop("XLA_FLAGS", None)
@@ -188,24 +196,30 @@ def cache_table(repeats: int, attention: str, size: str = "small") -> None:
            "--no_compile_cache": ("none", ["--no_compile_cache"]),
            "--no_compile_cache --no_preflight": ("none", ["--no_compile_cache",
                                                           "--no_preflight"])}
-  rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in kinds}
+  if only_cache:   # and each run stops after its first step
+    kinds = dict(list(kinds.items())[:2])
+    env["STOP_AFTER_FIRST_STEP"] = "1"
+  rows: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in kinds}
   for r in range(repeats):
     for k, (name, (cache_name, extra)) in enumerate(kinds.items()):
       cache = {**env, "XDG_CACHE_HOME": os.path.join(root, f"cache{r}-{cache_name}")}
       workdir = os.path.join(root, f"w{r}-{k}")
       rows[name].append(timed_command(run + ["--workdir", workdir] + extra, cache))
   print(f"lra {' '.join(run)} --workdir (fresh), {repeats} times each; median seconds")
-  print(f"{'run':<34} {'to the end of step 1':>21} {'(after the imports)':>20} "
-        f"{'to exit':>8}")
-  first, working, total = {}, {}, {}
+  print(f"{'run':<34} {'to the start of step 1':>23} {'to its end':>11} "
+        f"{'(after the imports)':>20} {'to exit':>8}")
+  start, first, working, total = {}, {}, {}, {}
   for name, times in rows.items():
+    start[name] = statistics.median(t[3] for t in times)
     first[name] = statistics.median(t[0] for t in times)
     working[name] = statistics.median(t[0] - t[2] for t in times)
     total[name] = statistics.median(t[1] for t in times)
-    print(f"{name:<34} {first[name]:21.2f} {working[name]:20.2f} {total[name]:8.2f}")
+    print(f"{name:<34} {start[name]:23.2f} {first[name]:11.2f} {working[name]:20.2f} "
+          f"{'-' if only_cache else f'{total[name]:.2f}':>8}")
   cold, warm = "cold cache", "warm cache"
-  print(f"first step {first[cold] / first[warm]:.1f}x sooner with the warm cache "
-        f"({working[cold] / working[warm]:.1f}x counted from the end of the imports)")
+  print(f"first step starts {start[cold] / start[warm]:.1f}x sooner with the warm cache and "
+        f"ends {first[cold] / first[warm]:.1f}x sooner ({working[cold] / working[warm]:.1f}x "
+        f"counted from the end of the imports)")
 
 
 def main(argv=None) -> int:
@@ -216,6 +230,8 @@ def main(argv=None) -> int:
                       help="run only these configs")
   parser.add_argument("--cache", action="store_true",
                       help="time the compile cache instead (see above)")
+  parser.add_argument("--only_cache", action="store_true",
+                      help="with --cache: only the cold and the warm cache runs")
   parser.add_argument("--repeats", type=int, default=3, help="runs of each kind with --cache")
   parser.add_argument("--attention", default="dot_product", help="the kind --cache runs")
   parser.add_argument("--size", default="small", choices=("small", "base"),
@@ -223,7 +239,7 @@ def main(argv=None) -> int:
                            "%s)" % " ".join(BASE_DATA + BASE_BATCH))
   args = parser.parse_args(argv)
   if args.cache:
-    cache_table(args.repeats, args.attention, args.size)
+    cache_table(args.repeats, args.attention, args.size, args.only_cache)
     return 0
   print(f"{len(args.only or CONFIGS)} configs, {args.steps} train steps and one eval step each")
   print(f"{'config':<22} {'estimate GB':>12} {'(train':>8} {'eval)':>7} {'measured GB':>12} "
