@@ -1,0 +1,229 @@
+"""LED, the Longformer encoder-decoder: a band + global attention encoder and a dense decoder.
+
+The encoder is `models.encoder.Encoder` (embeddings, positions, pre-LayerNorm blocks, final
+LayerNorm) with any attention kind; in its band layers the first `num_global` tokens are global
+(`GlobalBandAttention`: they attend to every token and every token attends to them, as the LED
+encoder's first token does). The decoder is `decoder_layers` pre-LayerNorm blocks of causal
+self-attention, dense cross-attention to the encoder output and an MLP, with a final LayerNorm.
+Encoder and decoder share the token embedding, which (transposed, on features scaled by
+1/sqrt(emb_dim) as in `models.language_model`) is also the output layer. Decoder positions are
+fixed sinusoids.
+
+Decoding one position at a time (`step`) uses a key-value cache (`init_cache`): per decoder
+layer, the self-attention keys and values written so far and the cross-attention keys and values
+of the encoder output, computed once. `models.decoding` has greedy and beam search on top.
+
+`cfg` fields: those of `Encoder` (vocab_size, max_length, emb_dim, num_heads, qkv_dim, mlp_dim,
+num_layers = encoder layers, dropout, pos_emb, attention, layer_attention) plus decoder_layers,
+target_length (decoder positions) and num_global (global tokens at the start of the input).
+Token id 0 is padding in inputs and targets.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import attention
+from models import sequence
+from models.attention_layer import MultiHeadAttention, split_spec
+from models.embeddings import sinusoidal_table
+from models.encoder import (MLP, Encoder, compute_dtype, dense, dropout, layer_norm,
+                            layer_specs)
+
+
+def _fold(rng, i: int):
+  return None if rng is None else jax.random.fold_in(rng, i)
+
+
+class GlobalBandAttention(MultiHeadAttention):
+  """The encoder's band self-attention with its first `num_global` real tokens global.
+
+  The projections and arguments are those of `MultiHeadAttention`; the call hands
+  `band_attention` a `global_mask` of the first `num_global` positions (where real).
+  """
+
+  def __init__(self, *args, num_global: int, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.num_global = int(num_global)
+
+  def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
+    del rng  # band attention draws nothing
+    if sequence.devices() > 1:
+      raise ValueError("global tokens in the LED encoder need the whole sequence on each "
+                       "device: use config.mesh.sequence=1.")
+    b, length, _ = x.shape
+    proj = lambda w: jnp.einsum("ble,ehd->blhd", x, w[...].astype(x.dtype))  # [B, L, H, Dh]
+    if key_mask is None:
+      key_mask = jnp.ones((b, length), bool)
+    glob = (jnp.arange(length) < self.num_global)[None, :] & key_mask          # [B, L]
+    out = attention.band_attention(proj(self.query), proj(self.key), proj(self.value),
+                                   key_mask=key_mask, global_mask=glob,
+                                   max_global=self.num_global, **self.args)  # [B, L, H, Dh]
+    return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))  # [B, L, E]
+
+
+def led_encoder(cfg: Mapping[str, Any], *, rngs: nnx.Rngs) -> Encoder:
+  """`Encoder(cfg)` whose band layers make the first `cfg["num_global"]` tokens global."""
+  enc = Encoder(cfg, rngs=rngs)
+  num_global = int(cfg.get("num_global", 0))
+  if num_global <= 0:
+    return enc
+  specs = layer_specs(cfg["attention"], cfg.get("layer_attention", ()), cfg["num_layers"])
+  for i, (block, spec) in enumerate(zip(enc.blocks, specs)):
+    if split_spec(spec)[0] == "band":
+      block.attention = GlobalBandAttention(
+          cfg["emb_dim"], cfg["num_heads"], cfg["qkv_dim"], spec, max_length=cfg["max_length"],
+          layer_index=i, num_global=num_global, rngs=rngs)
+  return enc
+
+
+class DenseAttention(nnx.Module):
+  """Dense multi-head attention with separate key/value projection (`kv`), so that keys and
+  values can be cached or precomputed; the attention is `attention.dot_product_attention`."""
+
+  def __init__(self, emb_dim: int, num_heads: int, qkv_dim: int, *, rngs: nnx.Rngs, dtype=None):
+    if qkv_dim % num_heads:
+      raise ValueError(f"qkv_dim ({qkv_dim}) must be a multiple of num_heads ({num_heads}).")
+    self.num_heads = num_heads
+    self.query = dense(rngs, emb_dim, qkv_dim, ("embed", "heads"), dtype)
+    self.key = dense(rngs, emb_dim, qkv_dim, ("embed", "heads"), dtype)
+    self.value = dense(rngs, emb_dim, qkv_dim, ("embed", "heads"), dtype)
+    self.out = dense(rngs, qkv_dim, emb_dim, ("heads", "embed"), dtype)
+
+  def _heads(self, x: jax.Array) -> jax.Array:
+    return x.reshape(*x.shape[:2], self.num_heads, -1)                     # [B, L, H, Dh]
+
+  def kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Keys and values `[B, L, H, Dh]` of `x: [B, L, E]`."""
+    return self._heads(self.key(x)), self._heads(self.value(x))
+
+  def __call__(self, x: jax.Array, k: jax.Array, v: jax.Array, *, key_mask: jax.Array,
+               query_mask: jax.Array, causal: bool = False) -> jax.Array:
+    """x `[B, Lq, E]` attends to k, v `[B, Lk, H, Dh]` -> `[B, Lq, E]`."""
+    out = attention.dot_product_attention(self._heads(self.query(x)), k, v, key_mask=key_mask,
+                                          query_mask=query_mask, causal=causal)
+    return self.out(out.reshape(*out.shape[:2], -1))
+
+
+class DecoderBlock(nnx.Module):
+  """Pre-LayerNorm decoder block: causal self-attention, cross-attention, MLP (each residual)."""
+
+  def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
+    e, h, qkv = cfg["emb_dim"], cfg["num_heads"], cfg["qkv_dim"]
+    dtype = compute_dtype(cfg)
+    self.ln_self = layer_norm(rngs, e, dtype)
+    self.self_attention = DenseAttention(e, h, qkv, rngs=rngs, dtype=dtype)
+    self.ln_cross = layer_norm(rngs, e, dtype)
+    self.cross_attention = DenseAttention(e, h, qkv, rngs=rngs, dtype=dtype)
+    self.ln_mlp = layer_norm(rngs, e, dtype)
+    self.mlp = MLP(e, cfg["mlp_dim"], cfg["dropout"], rngs=rngs, dtype=dtype)
+    self.dropout_rate = cfg["dropout"]
+
+  def __call__(self, x, query_mask, cross, cross_mask, *, cache=None, t=None, self_mask=None,
+               rng=None):
+    """x `[B, T, E]` (T = 1 with a cache); cross: this layer's encoder (keys, values).
+
+    Without `cache`, the T positions attend causally among themselves (teacher forcing). With
+    `cache` ({"k", "v"}: `[B, T_max, H, Dh]`), x is position `t`: its keys and values are
+    written at t and it attends to the cached positions where `self_mask` `[B, T_max]` is True.
+    Returns (x, the updated cache or None).
+    """
+    h = self.ln_self(x)
+    k, v = self.self_attention.kv(h)                                       # [B, T, H, Dh]
+    if cache is None:
+      out = self.self_attention(h, k, v, key_mask=query_mask, query_mask=query_mask,
+                                causal=True)
+    else:
+      k = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), t, 1)
+      v = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), t, 1)
+      out = self.self_attention(h, k, v, key_mask=self_mask, query_mask=query_mask)
+      cache = {"k": k, "v": v}
+    x = x + dropout(out, self.dropout_rate, _fold(rng, 0))
+    out = self.cross_attention(self.ln_cross(x), *cross, key_mask=cross_mask,
+                               query_mask=query_mask)
+    x = x + dropout(out, self.dropout_rate, _fold(rng, 1))
+    out = self.mlp(self.ln_mlp(x), rng=_fold(rng, 2))
+    return x + dropout(out, self.dropout_rate, _fold(rng, 3)), cache
+
+
+class LED(nnx.Module):
+  """The Longformer encoder-decoder (see the module docstring for `cfg`)."""
+
+  def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
+    self.encoder = led_encoder(cfg, rngs=rngs)
+    self.blocks = nnx.List([DecoderBlock(cfg, rngs=rngs)
+                            for _ in range(int(cfg["decoder_layers"]))])
+    self.ln_final = layer_norm(rngs, cfg["emb_dim"], compute_dtype(cfg))
+    self.target_length = int(cfg["target_length"])
+    self.emb_dim = int(cfg["emb_dim"])
+    self.dtype = compute_dtype(cfg)
+    self.dropout_rate = cfg["dropout"]
+
+  def encode(self, inputs: jax.Array, *, rng=None) -> tuple[jax.Array, jax.Array]:
+    """inputs `[B, L]` -> (encoder output `[B, L, E]`, its key mask `[B, L]`)."""
+    return self.encoder(inputs, rng=rng)
+
+  def cross_kv(self, memory: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
+    """Each decoder layer's cross-attention keys and values of the encoder output."""
+    return [block.cross_attention.kv(memory) for block in self.blocks]
+
+  def _embed(self, tokens: jax.Array, start, rng) -> jax.Array:
+    """Decoder tokens `[B, T]` at positions start.. -> `[B, T, E]`."""
+    length = tokens.shape[1]
+    if isinstance(start, int) and start + length > self.target_length:
+      raise ValueError(f"decoder input of length {start + length} is longer than "
+                       f"target_length ({self.target_length}).")
+    table = jnp.asarray(sinusoidal_table(self.target_length, self.emb_dim))  # [T_max, E]
+    pos = jax.lax.dynamic_slice_in_dim(table, start, length, 0)             # [T, E]
+    x = self.encoder.embed(tokens) + pos[None]
+    return dropout(x, self.dropout_rate, rng).astype(self.dtype)
+
+  def _logits(self, x: jax.Array) -> jax.Array:
+    x = self.ln_final(x) * (self.emb_dim ** -0.5)
+    return self.encoder.embed.attend(x).astype(jnp.float32)               # [B, T, V]
+
+  def decode(self, memory: jax.Array, memory_mask: jax.Array, tokens: jax.Array, *,
+             rng=None) -> jax.Array:
+    """Teacher forcing: decoder inputs `[B, T]` (BOS first) -> next-token logits `[B, T, V]`."""
+    mask = tokens > 0                                                      # [B, T]
+    x = self._embed(tokens, 0, _fold(rng, 0))
+    for i, (block, cross) in enumerate(zip(self.blocks, self.cross_kv(memory))):
+      x, _ = block(x, mask, cross, memory_mask, rng=_fold(rng, i + 1))
+    return self._logits(x)
+
+  def __call__(self, inputs: jax.Array, tokens: jax.Array, *, rng=None) -> jax.Array:
+    """inputs `[B, L]`, decoder inputs `[B, T]` -> logits `[B, T, V]` float32."""
+    memory, memory_mask = self.encode(inputs, rng=_fold(rng, 0))
+    return self.decode(memory, memory_mask, tokens, rng=_fold(rng, 1))
+
+  def init_cache(self, memory: jax.Array, memory_mask: jax.Array) -> dict[str, Any]:
+    """The decoding cache for a batch of encoder outputs: per layer empty self-attention keys
+    and values `[B, target_length, H, Dh]`, the cross-attention keys and values, the encoder
+    mask, and `mask` `[B, target_length]` (positions written with a real token)."""
+    b = memory.shape[0]
+    layers = []
+    for block, (k, v) in zip(self.blocks, self.cross_kv(memory)):
+      shape = (b, self.target_length, *k.shape[2:])
+      layers.append({"k": jnp.zeros(shape, k.dtype), "v": jnp.zeros(shape, v.dtype)})
+    return {"self": layers, "cross": self.cross_kv(memory), "memory_mask": memory_mask,
+            "mask": jnp.zeros((b, self.target_length), bool)}
+
+  def step(self, cache: dict[str, Any], tokens: jax.Array, t) -> tuple[jax.Array, dict]:
+    """Decodes position `t` (an int or a traced scalar) from its input tokens `[B]`: returns
+    the next-token logits `[B, V]` and the cache with position t written."""
+    tokens = tokens[:, None]                                               # [B, 1]
+    query_mask = tokens > 0
+    self_mask = jax.lax.dynamic_update_slice_in_dim(cache["mask"], query_mask, t, 1)
+    self_mask = self_mask & (jnp.arange(self.target_length) <= t)[None]
+    x = self._embed(tokens, t, None)
+    layers = []
+    for block, layer, cross in zip(self.blocks, cache["self"], cache["cross"]):
+      x, layer = block(x, query_mask, cross, cache["memory_mask"], cache=layer, t=t,
+                       self_mask=self_mask)
+      layers.append(layer)
+    cache = {**cache, "self": layers, "mask": self_mask}
+    return self._logits(x)[:, 0], cache
