@@ -33,13 +33,17 @@ _WRITERS = itertools.count()   # tells apart the event files of writers started 
 
 
 def summarise(sums: Mapping[str, Any], *, bits_per_char: bool = False) -> dict[str, float]:
-  """Sums from steps -> {"loss", "accuracy"[, "bpc"]}, weighted by the number of examples."""
+  """Sums from steps -> {"loss", "accuracy"[, "bpc"]}, weighted by the number of examples; any
+  other sum (a family's own, such as the seq2seq `tokens`) is passed on as it is."""
   sums = {k: float(np.asarray(v)) for k, v in sums.items()}
   weight = max(sums.get("weight", 0.0), 1e-9)
   out = {"loss": sums["loss_sum"] / weight, "accuracy": sums["correct"] / weight,
          "examples": sums.get("weight", 0.0)}
   if bits_per_char:
     out["bpc"] = out["loss"] / math.log(2.0)
+  for key, value in sums.items():   # a family's own sums, for its derived metrics
+    if key not in ("loss_sum", "correct", "weight"):
+      out[key] = value
   return out
 
 
