@@ -56,7 +56,10 @@ def build_config(task: str, *, attention: str | None = None, size: str | None = 
     parts.append(f"attention={attention}")
   if size:
     parts.append(f"size={size}")
-  config = config_module(task).get_config(",".join(parts))
+  module = config_module(task)
+  config = module.get_config(",".join(parts))
   for dotted, text in overrides:
     apply_override(config, dotted, text)
+  if hasattr(module, "check"):   # a task's own relations between fields (one-line ValueError)
+    module.check(config)
   return config

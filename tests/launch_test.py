@@ -79,7 +79,7 @@ def test_data_status_and_prepare(tmp_path, monkeypatch, capsys):
   assert f"data root: {tmp_path}" in out
   lines = {line.split()[0]: line for line in out.splitlines()[1:]}
   assert set(lines) == {"listops", "text", "retrieval", "image", "pathfinder", "pathx",
-                        "enwik8", "text8"}
+                        "enwik8", "text8", "sort_marked"}
   assert "missing" in lines["listops"] and "generator" in lines["listops"]
   assert cli.main(["data", "prepare", "listops", "--size", "small", *overrides]) == 0
   assert "listops: dataset ready in " + str(tmp_path / "listops") in capsys.readouterr().out

@@ -20,6 +20,7 @@ TASKS = {
     "pathx": "lra.tasks.pathfinder:PATHX",
     "enwik8": "lra.tasks.charlm:ENWIK8",
     "text8": "lra.tasks.charlm:TEXT8",
+    "sort_marked": "lra.tasks.sort_marked:TASK",
 }
 
 
