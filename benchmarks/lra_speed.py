@@ -390,7 +390,9 @@ def parse_args(argv):
                  help="do not measure points already in --out (same kind, length, batch, model)")
   p.add_argument("--render", action="store_true",
                  help="measure nothing: tables and plots from every point in --out")
-  p.add_argument("--markdown", default=None, help="also write the tables to this file")
+  p.add_argument("--markdown", default=None,
+                 help="also write the tables to this file (only between its marker lines "
+                      "`<!-- lra_speed tables: begin -->` and `... end -->` when it has them)")
   p.add_argument("--plot", default=None, help="PNG of steps/s and peak memory vs length "
                  "(default: --out with .png)")
   p.add_argument("--accuracy", default=None,
@@ -418,6 +420,24 @@ def parse_args(argv):
   args.plot = args.plot or stem + ".png"
   args.accuracy_plot = args.accuracy_plot or stem + "-accuracy.png"
   return args
+
+
+BEGIN, END = "<!-- lra_speed tables: begin -->", "<!-- lra_speed tables: end -->"
+
+
+def write_markdown(path: str, text: str) -> None:
+  """Writes the tables to `path`; a file that already holds the BEGIN and END marker lines
+  keeps everything outside them (a document's prose around its generated tables)."""
+  old = open(path).read() if os.path.exists(path) else ""
+  if BEGIN in old and END in old.split(BEGIN, 1)[1]:
+    head, rest = old.split(BEGIN, 1)
+    text = f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}"
+  else:
+    text += "\n"
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
 
 
 def main(argv=None) -> int:
@@ -451,8 +471,7 @@ def main(argv=None) -> int:
                                  report.render_lra_layout(records)) if x)
   print(text)
   if args.markdown:
-    with open(args.markdown, "w") as f:
-      f.write(text + "\n")
+    write_markdown(args.markdown, text)
   report.plot_lengths(records, args.plot)
   print(f"plot: {args.plot}", file=sys.stderr)
   if args.accuracy:

@@ -165,3 +165,14 @@ def test_speed_accuracy_plot_from_lra_results_json(tmp_path, quick):
     assert float(p[5]) == pytest.approx(speed[p[2]], rel=1e-3)
   with Image.open(plot) as image:
     assert image.size == (1000, 680) and len(image.getcolors(1 << 16)) > 3
+
+
+def test_markdown_replaces_only_the_tables_between_the_markers(tmp_path):
+  doc = tmp_path / "efficiency.md"
+  doc.write_text(f"# prose before\n{lra_speed.BEGIN}\nold table\n{lra_speed.END}\nprose after\n")
+  lra_speed.write_markdown(str(doc), "| new | table |")
+  assert doc.read_text() == (f"# prose before\n{lra_speed.BEGIN}\n| new | table |\n"
+                             f"{lra_speed.END}\nprose after\n")
+  plain = tmp_path / "tables.md"
+  lra_speed.write_markdown(str(plain), "| t |")
+  assert plain.read_text() == "| t |\n"
