@@ -6,6 +6,12 @@ primitive (except those the kind's extras class consumes; see `models.attention_
 kind's record says whether it can be causal, whether q and k are one projection and which
 extras class owns its per-layer arrays. The layer computes `q, k, v: [B, L, H, Dh]`, calls
 `attention.get(kind)(q, k, v, key_mask=..., **args)` and projects the heads back to `[B, L, E]`.
+
+`positions` (from `config.model.pos_emb`, see docs/positions.md) adds position information
+inside the layer, before the kind is called: "rotary" rotates q and k (`attention.rotary`);
+"infused" adds sinusoids to the input of the q and k projections, not of v (Shortformer);
+"relative" owns Transformer-XL's `w_r`, u and v and calls `attention.relative` (dense) or
+appends the factorised relative features to q and k (band).
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from flax import nnx
 
 import attention
 from attention import kinds
+from attention import relative, rotary
 from models import attention_extras, sequence
+from models.embeddings import IN_LAYER, RELATIVE_KINDS, sinusoidal_table
 from models.sharding import param
 
 
@@ -57,7 +65,8 @@ class MultiHeadAttention(nnx.Module):
 
   def __init__(self, emb_dim: int, num_heads: int, qkv_dim: int, spec: Mapping[str, Any], *,
                max_length: int, causal: bool = False, shared_extras: nnx.Module | None = None,
-               layer_index: int = 0, rngs: nnx.Rngs):
+               layer_index: int = 0, positions: Mapping[str, Any] | None = None,
+               rngs: nnx.Rngs):
     if qkv_dim % num_heads:
       raise ValueError(f"qkv_dim ({qkv_dim}) must be a multiple of num_heads ({num_heads}).")
     self.kind, args = split_spec(spec)
@@ -77,6 +86,23 @@ class MultiHeadAttention(nnx.Module):
     self.value = _kernel(rngs, shape, names, emb_dim, qkv_dim)
     self.out = _kernel(rngs, (num_heads, head_dim, emb_dim), ("heads", "head_dim", "embed"),
                        qkv_dim, emb_dim)
+    positions = dict(positions or {})
+    self.pos_kind = positions.get("kind", "none")
+    self.pos_kind = self.pos_kind if self.pos_kind in IN_LAYER else "none"
+    self.rotary_base = float(positions.get("rotary_base", rotary.DEFAULT_BASE))
+    if self.pos_kind == "rotary" and head_dim % 2:
+      raise ValueError(f"pos_emb='rotary' needs an even head dimension (qkv_dim / num_heads = "
+                       f"{head_dim}).")
+    if self.pos_kind == "relative":
+      if self.kind not in RELATIVE_KINDS:
+        raise ValueError(f"pos_emb='relative' works with attention {' and '.join(RELATIVE_KINDS)}"
+                         f", not {self.kind!r}.")
+      rel_dim = head_dim + head_dim % 2        # the sinusoid's width E (even)
+      self.w_r = _kernel(rngs, (rel_dim, num_heads, head_dim), (None, "heads", "head_dim"),
+                         rel_dim, qkv_dim)
+      zeros = nnx.initializers.zeros_init()
+      self.u = param(rngs, zeros, (num_heads, head_dim), ("heads", "head_dim"))
+      self.v_bias = param(rngs, zeros, (num_heads, head_dim), ("heads", "head_dim"))
     if shared_extras is not None:
       self.extras = shared_extras
     else:
@@ -86,21 +112,33 @@ class MultiHeadAttention(nnx.Module):
 
   def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
     """x: `[B, L, E]`; key_mask: `[B, L]` bool (True = real token); rng: key or None (eval)."""
-    q = jnp.einsum("ble,ehd->blhd", x, self.query[...].astype(x.dtype))  # [B, L, H, Dh]
     v = jnp.einsum("ble,ehd->blhd", x, self.value[...].astype(x.dtype))  # [B, L, H, Dh]
+    if self.pos_kind == "infused":       # positions in the q/k inputs only (Shortformer)
+      x = x + jnp.asarray(sinusoidal_table(x.shape[1], x.shape[2]))[None].astype(x.dtype)
+    q = jnp.einsum("ble,ehd->blhd", x, self.query[...].astype(x.dtype))  # [B, L, H, Dh]
+    proj_k = lambda: jnp.einsum("ble,ehd->blhd", x, self.key[...].astype(x.dtype))
+    if self.pos_kind == "rotary":
+      q = rotary.apply_rotary(q, self.rotary_base)
+      k = None if self.shared_qk else rotary.apply_rotary(proj_k(), self.rotary_base)
+    elif not self.shared_qk:
+      k = proj_k()                                                         # [B, L, H, Dh]
     kwargs = dict(self.args)
     if self.extras is not None:
       kwargs.update(self.extras(length=x.shape[1], rng=rng))
     if self.causal:
       kwargs["causal"] = True
+    if self.pos_kind == "relative":
+      rel = dict(u=self.u[...], v_bias=self.v_bias[...], w_r=self.w_r[...])
+      if self.kind == "dot_product" and sequence.devices() == 1:
+        out = relative.relative_attention(q, k, v, key_mask=key_mask, **rel, **kwargs)
+        return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))
+      q, k = relative.factorised_qk(q, k, **rel)                         # [B, L, H, Dh + E]
     if sequence.devices() > 1:                                             # length split
-      k = jnp.einsum("ble,ehd->blhd", x, self.key[...].astype(x.dtype))
       out = sequence.attend(self.kind, q, k, v, key_mask, kwargs)
       return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))
     fn = attention.get(self.kind)
     if self.shared_qk:
       out = fn(q, v, key_mask=key_mask, **kwargs)                          # [B, L, H, Dh]
     else:
-      k = jnp.einsum("ble,ehd->blhd", x, self.key[...].astype(x.dtype))  # [B, L, H, Dh]
       out = fn(q, k, v, key_mask=key_mask, **kwargs)                       # [B, L, H, Dh]
     return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))  # [B, L, E]

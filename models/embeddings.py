@@ -2,7 +2,10 @@
 
 Token ids are `[B, L]` int32 with 0 = padding; embeddings are `[B, L, E]`. Position embeddings
 are either fixed sinusoids (Vaswani et al.; the LRA default) or a learned table of
-`max_length` rows. `POSITION_KINDS` lists the valid names for `config.model.pos_emb`.
+`max_length` rows. `POSITION_KINDS` lists the valid names for `config.model.pos_emb`; the
+`IN_LAYER` ones add nothing here: each attention layer applies them to its queries and keys
+(`models.attention_layer`; docs/positions.md). `extend_table` tiles a learned table trained at a
+shorter length (Longformer's recipe for longer inputs).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from flax import nnx
 
 from models.sharding import param
 
-POSITION_KINDS = ("sinusoidal", "learned", "none")
+POSITION_KINDS = ("sinusoidal", "learned", "none", "rotary", "infused", "relative")
+IN_LAYER = ("rotary", "infused", "relative")
+# The attention kinds that compute Transformer-XL relative logits (configs/validate.py agrees).
+RELATIVE_KINDS = ("dot_product", "band")
 
 
 def sinusoidal_table(length: int, dim: int, max_scale: float = 10000.0) -> np.ndarray:
@@ -65,10 +71,17 @@ class PositionEmbedding(nnx.Module):
       raise ValueError(
           f"sequence of length {length} is longer than the position table ({self.max_length} "
           f"positions): raise config.model.max_length.")
-    if self.kind == "none":
+    if self.kind == "none" or self.kind in IN_LAYER:
       return x
     if self.kind == "sinusoidal":
       table = jnp.asarray(sinusoidal_table(length, self.emb_dim))          # [L, E] constant
     else:
       table = self.table[...][:length]                                     # [L, E]
     return x + table[None].astype(x.dtype)                                 # [B, L, E]
+
+
+def extend_table(table, length: int):
+  """A learned `[L0, E]` table tiled (copied whole, then cut) to `[length, E]` rows."""
+  table = jnp.asarray(table)
+  reps = -(-length // table.shape[0])
+  return jnp.tile(table, (reps, 1))[:length]

@@ -8,6 +8,10 @@ token or a padding-aware mean) and applies Dense -> ReLU -> Dense, as in LRA.
 Randomness is explicit: `rng` is a key in training (dropout, LSH hashing) and None in eval.
 Token id 0 is padding everywhere.
 
+`cfg["sublayers"]` (a string of "s" = self-attention and "f" = feed-forward sublayers, or "")
+and `cfg["sandwich"]` (k: s^k (sf)^(n-k) f^k) reorder the sublayers (Press et al. 2020,
+`sublayer_order`); the default interleaved order builds `Block`s as before.
+
 `cfg["remat"]` trades compute for memory in the backward pass: "none" keeps every block's
 activations; "block" keeps only each block's input and recomputes the block (`nnx.remat`);
 "dots_saveable" and "dots_with_no_batch_dims_saveable" recompute the block but keep the matmul
@@ -137,6 +141,61 @@ class MLP(nnx.Module):
     return self.fc2(dropout(h, self.dropout_rate, rng))                    # [B, L, E]
 
 
+def sublayer_order(num_layers: int, sublayers: str = "", sandwich: int = 0) -> str:
+  """The sublayer string: `sublayers` when given, else s^k (sf)^(n-k) f^k for k = `sandwich`
+  (k = 0: the interleaved "sf" * n)."""
+  if sublayers:
+    if set(sublayers) - set("sf"):
+      raise ValueError(f"sublayers={sublayers!r}: must be a string of 's' (self-attention) and "
+                       f"'f' (feed-forward) only.")
+    if sandwich:
+      raise ValueError("give sublayers or sandwich, not both.")
+    return sublayers
+  if not 0 <= sandwich < max(num_layers, 1):
+    raise ValueError(f"sandwich={sandwich}: must be in [0, {num_layers - 1}] (num_layers - 1).")
+  k = sandwich
+  return "s" * k + "sf" * (num_layers - k) + "f" * k
+
+
+def positions_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
+  """What an attention layer needs of `config.model.pos_emb` (see models/attention_layer.py)."""
+  return {"kind": cfg.get("pos_emb", "none"), "rotary_base": cfg.get("rotary_base", 10000.0)}
+
+
+def _attention(cfg, spec, *, max_length, causal, shared_extras, layer_index, rngs):
+  return MultiHeadAttention(
+      cfg["emb_dim"], cfg["num_heads"], cfg["qkv_dim"], spec, max_length=max_length,
+      causal=causal, shared_extras=shared_extras, layer_index=layer_index,
+      positions=positions_of(cfg), rngs=rngs)
+
+
+class AttentionSublayer(nnx.Module):
+  """x + Dropout(Attention(LN(x))): an "s" of a reordered stack."""
+
+  def __init__(self, cfg: Mapping[str, Any], spec: Mapping[str, Any], *, rngs: nnx.Rngs, **kw):
+    self.ln_attn = layer_norm(rngs, cfg["emb_dim"], compute_dtype(cfg))
+    self.attention = _attention(cfg, spec, rngs=rngs, **kw)
+    self.dropout_rate = cfg["dropout"]
+
+  def __call__(self, x: jax.Array, key_mask, *, rng=None) -> jax.Array:
+    h = self.attention(self.ln_attn(x), key_mask, rng=_fold(rng, 0))
+    return x + dropout(h, self.dropout_rate, _fold(rng, 1))
+
+
+class FeedForwardSublayer(nnx.Module):
+  """x + Dropout(MLP(LN(x))): an "f" of a reordered stack."""
+
+  def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
+    self.ln_mlp = layer_norm(rngs, cfg["emb_dim"], compute_dtype(cfg))
+    self.mlp = MLP(cfg["emb_dim"], cfg["mlp_dim"], cfg["dropout"], rngs=rngs,
+                   dtype=compute_dtype(cfg))
+    self.dropout_rate = cfg["dropout"]
+
+  def __call__(self, x: jax.Array, key_mask, *, rng=None) -> jax.Array:
+    h = self.mlp(self.ln_mlp(x), rng=_fold(rng, 2))
+    return x + dropout(h, self.dropout_rate, _fold(rng, 3))
+
+
 class Block(nnx.Module):
   """Pre-LayerNorm transformer block."""
 
@@ -146,9 +205,8 @@ class Block(nnx.Module):
     e = cfg["emb_dim"]
     dtype = compute_dtype(cfg)
     self.ln_attn = layer_norm(rngs, e, dtype)
-    self.attention = MultiHeadAttention(
-        e, cfg["num_heads"], cfg["qkv_dim"], spec, max_length=max_length, causal=causal,
-        shared_extras=shared_extras, layer_index=layer_index, rngs=rngs)
+    self.attention = _attention(cfg, spec, max_length=max_length, causal=causal,
+                                shared_extras=shared_extras, layer_index=layer_index, rngs=rngs)
     self.ln_mlp = layer_norm(rngs, e, dtype)
     self.mlp = MLP(e, cfg["mlp_dim"], cfg["dropout"], rngs=rngs, dtype=dtype)
     self.dropout_rate = cfg["dropout"]
@@ -209,7 +267,10 @@ class Encoder(nnx.Module):
     self.positions = PositionEmbedding(cfg["pos_emb"], max_length, cfg["emb_dim"], rngs=rngs)
     if cls_token:
       self.cls = param(rngs, nnx.initializers.zeros_init(), (cfg["emb_dim"],), ("embed",))
-    specs = layer_specs(cfg["attention"], cfg.get("layer_attention", ()), cfg["num_layers"])
+    order = sublayer_order(cfg["num_layers"], str(cfg.get("sublayers", "") or ""),
+                           int(cfg.get("sandwich", 0) or 0))
+    interleaved = order == "sf" * cfg["num_layers"]
+    specs = layer_specs(cfg["attention"], cfg.get("layer_attention", ()), order.count("s"))
     shared = {}
     blocks = []
     for i, spec in enumerate(specs):
@@ -223,7 +284,12 @@ class Encoder(nnx.Module):
               head_dim=cfg["qkv_dim"] // cfg["num_heads"], max_length=max_length, rngs=rngs)
         extras = shared[kind]
       blocks.append(Block(cfg, spec, max_length=max_length, causal=causal,
-                          shared_extras=extras, layer_index=i, rngs=rngs))
+                          shared_extras=extras, layer_index=i, rngs=rngs) if interleaved else
+                    AttentionSublayer(cfg, spec, max_length=max_length, causal=causal,
+                                      shared_extras=extras, layer_index=i, rngs=rngs))
+    if not interleaved:  # the reordered stack: attention sublayers in order, MLPs between
+      attn = iter(blocks)
+      blocks = [next(attn) if c == "s" else FeedForwardSublayer(cfg, rngs=rngs) for c in order]
     self.blocks = nnx.List(blocks)
     self.ln_final = layer_norm(rngs, cfg["emb_dim"], compute_dtype(cfg))
     self.dtype = compute_dtype(cfg)
