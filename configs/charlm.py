@@ -5,7 +5,8 @@
 `small` = a CPU demo) and `window` (the top layer's one-sided window in phase 1; 0 = the size's
 default). The settings follow Longformer (Beltagy, Peters, Cohan 2020) section 4 and Appendix B,
 Table 12; docs/character_lm.md has the table, where this config reads a misprinted cell, and
-where it differs from the paper (absolute sinusoidal positions; our `dilation` is the stride, so
+where it differs from the paper (Transformer-XL relative positions as the paper, for band and
+dot_product; other kinds keep absolute sinusoids; our `dilation` is the stride, so
 the paper's d = 1, 2, 3 are 2, 3, 4 here; MLP width 2048 and PyTorch's Adam betas, which the
 paper does not list).
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import common
+from configs import common, validate
 
 SIZES = ("base", "large", "small")
 
@@ -150,6 +151,9 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.attention = ml_collections.ConfigDict(
         {"kind": a.attention, **common.attention_defaults(
             a.attention, window=top, max_length=c.data.max_length)}, type_safe=False)
+  # Transformer-XL relative positions, as the Longformer character LM (no parameter depends on
+  # the length, so the phases can change it); kinds without them keep sinusoids.
+  c.model.pos_emb = "relative" if a.attention in validate.RELATIVE_KINDS else "sinusoidal"
   c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
   return c
 

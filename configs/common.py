@@ -143,7 +143,14 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.mlp_dim = 1024
   m.num_layers = 4
   m.dropout = 0.1
-  m.pos_emb = "sinusoidal"     # sinusoidal | learned | none
+  # sinusoidal | learned | none (added to the embeddings) | rotary | infused | relative (inside
+  # every attention layer; relative only with dot_product and band): docs/positions.md.
+  m.pos_emb = "sinusoidal"
+  m.rotary_base = 10000.0      # rotary frequencies base^(-2f/D); raise it for longer sequences
+  # Sublayer order: "" = "sf" * num_layers, or any string of s (attention) and f (feed-forward);
+  # sandwich = k gives s^k (sf)^(n-k) f^k (Press et al. 2020).
+  m.sublayers = ""
+  m.sandwich = 0
   m.pool = "cls"               # cls | mean
   m.classifier_dim = 1024
   # The attention primitive of every layer ({"kind": name in attention.kinds.KINDS, **its

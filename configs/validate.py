@@ -27,7 +27,9 @@ from attention import kinds
 # The names the trainer and the models accept (lra/train.py, models/embeddings.py,
 # models/encoder.py; tests/validate_test.py checks they agree).
 SCHEDULES = ("rsqrt", "cosine", "constant")
-POSITIONS = ("sinusoidal", "learned", "none")
+POSITIONS = ("sinusoidal", "learned", "none", "rotary", "infused", "relative")
+# The attention kinds that compute Transformer-XL relative logits (models/embeddings.py).
+RELATIVE_KINDS = ("dot_product", "band")
 POOLINGS = ("cls", "mean")
 # `config.remat`: "none", "block" (recompute each block in the backward pass) or a policy of
 # `jax.checkpoint_policies` that keeps some of a block's values (models/encoder.py REMAT).
@@ -99,6 +101,8 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("model.classifier_dim", POSITIVE, "the hidden width of the classifier head"),
     ("model.dropout", number(0, 1), "the dropout rate"),
     ("model.pos_emb", one_of(*POSITIONS), "the position embedding"),
+    ("model.rotary_base", number(0, strict=True), "the base of the rotary frequencies; the "
+     "longest wavelength is 2 pi base tokens"),
     ("model.pool", one_of(*POOLINGS), "how the classifier pools the sequence"),
     ("data.max_length", POSITIVE, "tokens per training sequence"),
     ("data.eval_length", NON_NEGATIVE, "the evaluation window; 0 means data.max_length"),
@@ -195,13 +199,54 @@ def check_attention(spec: Mapping[str, Any], where: str, default_kind: Any = Non
       _check_dilation(f"{where}.{name}", value)
 
 
+def _attention_sublayers(model: Any) -> int:
+  """The number of attention sublayers (num_layers, or the "s" count of model.sublayers)."""
+  sublayers = model.get("sublayers") or ""
+  return sublayers.count("s") if sublayers else model.get("num_layers")
+
+
+def _check_order(model: Any) -> None:
+  """model.sublayers (a string of s and f) and model.sandwich (k in [0, num_layers - 1])."""
+  sublayers, sandwich = model.get("sublayers", ""), model.get("sandwich", 0)
+  if not isinstance(sublayers, str) or set(sublayers) - set("sf"):
+    raise ValueError(f"config.model.sublayers = {sublayers!r}: must be a string of 's' "
+                     f"(self-attention) and 'f' (feed-forward) only, or '' for 'sf' * num_layers "
+                     f"(the sublayer order).")
+  n = model.get("num_layers") or 1
+  if not (_is_int(sandwich) and 0 <= sandwich <= n - 1):
+    raise ValueError(f"config.model.sandwich = {sandwich!r}: must be an integer in [0, {n - 1}] "
+                     f"(num_layers - 1; the Sandwich coefficient k of s^k (sf)^(n-k) f^k).")
+  if sublayers and sandwich:
+    raise ValueError(f"config.model.sandwich = {sandwich!r}: give config.model.sublayers or "
+                     f"config.model.sandwich, not both (sublayers = {sublayers!r}).")
+
+
+def _check_positions(model: Any) -> None:
+  """Relative positions only with the kinds that compute them; rotary needs even head dims."""
+  pos = model.get("pos_emb")
+  heads, qkv = model.get("num_heads"), model.get("qkv_dim")
+  if pos == "rotary" and heads and qkv and (qkv // heads) % 2:
+    raise ValueError(f"config.model.pos_emb = 'rotary': needs an even head dimension, but "
+                     f"qkv_dim / num_heads = {qkv // heads}.")
+  if pos != "relative" or "attention" not in model:
+    return
+  default = model.attention.get("kind")
+  for entry in (model.attention, *(model.get("layer_attention") or ())):
+    kind = dict(entry).get("kind", default)
+    if kind not in RELATIVE_KINDS:
+      raise ValueError(f"config.model.pos_emb = 'relative': attention {kind!r} has no relative "
+                       f"positions; valid kinds: {', '.join(RELATIVE_KINDS)} (or another "
+                       f"pos_emb: {', '.join(p for p in POSITIONS if p != 'relative')}).")
+
+
 def _check_layer_attention(model: Any) -> None:
   layers = tuple(model.get("layer_attention") or ())
-  num_layers = model.get("num_layers")
+  num_layers = _attention_sublayers(model)
   if layers and len(layers) != num_layers:
     entries = f"{len(layers)} entr{'y' if len(layers) == 1 else 'ies'}"
     raise ValueError(f"config.model.layer_attention has {entries}: must have none or one dict "
-                     f"per layer (config.model.num_layers = {num_layers}).")
+                     f"per attention layer ({num_layers}: config.model.num_layers, or the 's' of "
+                     f"config.model.sublayers).")
   default_kind = model.attention.get("kind")
   for i, entry in enumerate(layers):
     where = f"config.model.layer_attention[{i}]"
@@ -235,6 +280,8 @@ def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
     model = _get(config, "model")
     if model is not _MISSING:
       _check_heads(model)
+      _check_order(model)
+      _check_positions(model)
       if "attention" in model:
         check_attention(model.attention, "config.model.attention")
         _check_layer_attention(model)
@@ -250,5 +297,5 @@ def check_data(config: ml_collections.ConfigDict) -> None:
   _check_fields(config, prefix="data.")
 
 
-__all__ = ["FIELDS", "POOLINGS", "POSITIONS", "SCHEDULES", "check", "check_attention",
+__all__ = ["FIELDS", "POOLINGS", "POSITIONS", "RELATIVE_KINDS", "SCHEDULES", "check", "check_attention",
            "check_data"]

@@ -55,7 +55,15 @@ BAD = [
     (["listops", "--config.model.num_heads=3", "--config.model.qkv_dim=64"],
      "config.model.qkv_dim = 64"),
     (["listops", "--config.model.dropout=1"], "config.model.dropout = 1.0"),
-    (["listops", "--config.model.pos_emb=rotary"], "config.model.pos_emb = 'rotary'"),
+    (["listops", "--config.model.pos_emb=bogus"], "config.model.pos_emb = 'bogus': must be one "
+     "of sinusoidal, learned, none, rotary, infused, relative"),
+    (["listops", "--attention", "favor", "--config.model.pos_emb=relative"],
+     "config.model.pos_emb = 'relative': attention 'favor' has no relative positions; valid "
+     "kinds: dot_product, band"),
+    (["listops", "--config.model.sublayers=sfx"], "config.model.sublayers = 'sfx': must be a "
+     "string of 's' (self-attention) and 'f' (feed-forward) only"),
+    (["listops", "--config.model.sandwich=9"], "config.model.sandwich = 9: must be an integer in"),
+    (["listops", "--config.model.rotary_base=0"], "config.model.rotary_base = 0.0"),
     (["listops", "--config.model.pool=max"], "config.model.pool = 'max'"),
     (["listops", "--config.data.max_length=0"], "config.data.max_length = 0"),
     (["listops", "--config.mesh.fsdp=0"], "config.mesh.fsdp = 0"),
