@@ -129,6 +129,10 @@ def trainer_defaults() -> ml_collections.ConfigDict:
   # Activations: "float32", or "bfloat16" (parameters, optimizer state and softmax statistics
   # stay float32).
   c.dtype = "float32"
+  # A run's initial parameters: another run's checkpoint directory (or workdir), "" = fresh;
+  # init_length: that run's max_length when shorter (its learned positions are tiled, Longformer).
+  c.init_from = ""
+  c.init_length = 0
   c.distributed = False        # jax.distributed.initialize() (or set LRA_DISTRIBUTED=1)
   c.progress = True            # the stderr progress line
   return c

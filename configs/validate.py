@@ -93,6 +93,8 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("remat", one_of(*REMATS), "what each block keeps for the backward pass (none keeps "
      "everything; block recomputes the block; dots_* keep only matmul outputs)"),
     ("dtype", one_of(*DTYPES), "the activations' dtype (parameters stay float32)"),
+    ("init_length", NON_NEGATIVE, "the max_length of the init_from run when shorter (its "
+     "learned positions are tiled); 0 = the same length"),
     ("model.num_layers", POSITIVE, "transformer blocks"),
     ("model.num_heads", POSITIVE, "attention heads"),
     ("model.emb_dim", POSITIVE, "the model width"),

@@ -45,6 +45,7 @@ from attention import kinds as attention_kinds
 from lra import checkpoint, lock as lock_lib, mesh as mesh_lib, metrics, progress, storage
 from lra import tasks as tasks_lib
 from lra.data import pipeline
+from models import embeddings
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ def _plan_key(config: ml_collections.ConfigDict) -> str:
   """What identifies the steps of `config`: all of it but `init_from` (initial values only)."""
   fields = config.to_dict()
   fields.pop("init_from", None)
+  fields.pop("init_length", None)
   return json.dumps(fields, sort_keys=True, default=str)
 
 
@@ -358,8 +360,14 @@ def _train_and_evaluate(config, workdir, hooks, stop, lock) -> dict[str, Any]:
     train_sums = _restore_sums(saved.get("train_sums"))   # the open logging window
     print(f"Resumed from {ckpt.directory} at step {start_step}.", flush=True)
   elif config.get("init_from"):
-    params, from_step = checkpoint.load_params(config.init_from,
-                                               checkpoint.abstract_like(state["params"]))
+    target = checkpoint.abstract_like(state["params"])
+    # config.init_length: the source's max_length when shorter (its learned positions are tiled).
+    fewer = (model_config(config, task)["max_length"] - int(config.init_length)
+             if config.get("init_length") else 0)
+    params, from_step = checkpoint.load_params(
+        config.init_from, embeddings.shorter_tables(target, fewer) if fewer else target)
+    if fewer:
+      params = embeddings.extend_tables(params, state["params"])
     state = {**state, "params": params}
     print(f"Initialised the parameters from {config.init_from} (step {from_step}).", flush=True)
   best = {"accuracy": -1.0, "step": -1}

@@ -85,3 +85,39 @@ def extend_table(table, length: int):
   table = jnp.asarray(table)
   reps = -(-length // table.shape[0])
   return jnp.tile(table, (reps, 1))[:length]
+
+
+def _is_table(path) -> bool:
+  keys = [str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))) for p in path]
+  return any(a == "positions" and b == "table" for a, b in zip(keys, keys[1:]))
+
+
+def map_position_tables(tree, fn):
+  """`tree` (parameters, arrays or abstract) with `fn` applied to every learned position table."""
+  return jax.tree_util.tree_map_with_path(lambda p, x: fn(x) if _is_table(p) else x, tree)
+
+
+def shorter_tables(abstract_params, fewer: int):
+  """The restore target for a checkpoint whose position tables have `fewer` rows less."""
+  def shrink(x):
+    if x.shape[0] - fewer < 1:
+      raise ValueError(f"init_length: the source table would have {x.shape[0] - fewer} rows.")
+    return jax.ShapeDtypeStruct((x.shape[0] - fewer,) + x.shape[1:], x.dtype,
+                                sharding=getattr(x, "sharding", None))
+  return map_position_tables(abstract_params, shrink)
+
+
+def extend_tables(params, like):
+  """`params` with each position table tiled to the rows of the same table in `like` (placed
+  with its sharding): Longformer's copy of a short model's positions (RoBERTa 512 -> 4,096)."""
+  targets = {}
+  map_position_tables(like, lambda x: targets.setdefault(len(targets), x))
+  done = []
+
+  def grow(x):
+    target = targets[len(done)]
+    done.append(1)
+    out = extend_table(x, target.shape[0]).astype(target.dtype)
+    sharding = getattr(target, "sharding", None)
+    return out if sharding is None else jax.device_put(out, sharding)
+  return map_position_tables(params, grow)
