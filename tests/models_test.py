@@ -148,7 +148,7 @@ def test_unknown_names_list_the_valid_ones():
   with pytest.raises(ValueError, match="valid names: .*dot_product"):
     models.Classifier(tiny_config("no_such_kind"), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="valid kinds"):
-    models.Classifier(tiny_config("dot_product", pos_emb="rotary"), rngs=nnx.Rngs(0))
+    models.Classifier(tiny_config("dot_product", pos_emb="bogus"), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="valid: cls, mean"):
     models.Classifier(tiny_config("dot_product", pool="max"), rngs=nnx.Rngs(0))
 
