@@ -60,9 +60,9 @@ class GlobalBandAttention(MultiHeadAttention):
     if key_mask is None:
       key_mask = jnp.ones((b, length), bool)
     glob = (jnp.arange(length) < self.num_global)[None, :] & key_mask          # [B, L]
+    args = {**self.args, "max_global": max(self.args.get("max_global") or 0, self.num_global)}
     out = attention.band_attention(proj(self.query), proj(self.key), proj(self.value),
-                                   key_mask=key_mask, global_mask=glob,
-                                   max_global=self.num_global, **self.args)  # [B, L, H, Dh]
+                                   key_mask=key_mask, global_mask=glob, **args)  # [B, L, H, Dh]
     return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))  # [B, L, E]
 
 
