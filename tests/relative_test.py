@@ -99,3 +99,17 @@ def test_dense_relative_without_positions_is_dot_product():
   np.testing.assert_allclose(
       relative.relative_attention(q, k, v, **zero, key_mask=key_mask, causal=True),
       dot_product_attention(q, k, v, key_mask=key_mask, causal=True), atol=1e-6)
+
+
+def test_band_relative_with_dilation_and_global_tokens(causal=True):
+  length = 23
+  q, k, v, p = _arrays(length, seed=3)
+  key_mask = jnp.broadcast_to(jnp.arange(length) < 20, (2, length))
+  glob = jnp.zeros((2, length), bool).at[:, 0].set(True)
+  mask = masks.longformer_mask(length, window=3, dilation=[1, 2], global_mask=glob, num_heads=H,
+                               causal=causal)
+  dense = relative.relative_attention(q, k, v, **p, key_mask=key_mask, causal=causal, mask=mask)
+  qa, ka = relative.factorised_qk(q, k, **p)
+  band = band_attention(qa, ka, v, window=3, dilation=[1, 2], causal=causal, key_mask=key_mask,
+                        global_mask=glob, block_size=8)
+  np.testing.assert_allclose(band, dense, atol=1e-5)
