@@ -4,15 +4,16 @@
 CPU demo), `window` (the top layer's window in phase 1); settings: configs/charlm.py and
 docs/character_lm.md.
 
-Main command (4 layers of width 128, 250 steps at length 128 then 125 at length 256; without
-enwik8.zip in ~/lra_data/manual it notes so and uses Python's reference-manual topics, 466,195
-bytes, split 90/5/5; 4 min 43 s on 2 shared cores):
+Main command (4 layers of width 128, 250 steps at length 128 then 125 at length 256, relative
+positions; without enwik8.zip in ~/lra_data/manual it notes so and uses Python's reference-manual
+topics, 466,195 bytes, split 90/5/5; 8 min 15 s on 2 cores shared with other jobs):
 
   .venv/bin/lra run enwik8 --size small
 
-Expected: `test bits per character` about 2.42 (measured on the fallback corpus, seed 0: 2.424),
-in `workdirs/enwik8-band-small/phase2/results.json`. `--size base` needs enwik8.zip
-(http://mattmahoney.net/dc/enwik8.zip) and weeks of GPU time; Longformer reports 1.00 (small).
+Expected: `test bits per character` about 1.83 (measured on the fallback corpus, seed 0: 1.829;
+2.424 with the earlier absolute sinusoids), in `workdirs/enwik8-band-small/phase2/results.json`.
+`--size base` needs enwik8.zip (http://mattmahoney.net/dc/enwik8.zip) and weeks of GPU time;
+Longformer reports 1.00 (small).
 """
 
 from __future__ import annotations
