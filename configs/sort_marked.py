@@ -5,12 +5,12 @@
 the first token, inputs of up to 4,096 tokens; `small`: sized to train on a 2-core CPU),
 `window` (one-sided window of the local kinds).
 
-Main command (generates the data, trains a 2 + 2-layer, 64-wide LED on inputs of 512-1,024
+Main command (generates the data, trains a 2 + 2-layer, 64-wide LED on inputs of 1,024-2,048
 tokens, evaluates by greedy decoding):
 
   .venv/bin/lra run sort_marked --size small
 
-It ends with `...; test exact match 0.9...`; the measured result and wall time are in
+It ends with `...; test exact match 1.0000` (seed 0; 10 min on 2 busy cores); details in
 docs/led.md. Base: `lra run sort_marked --size base --workdir DIR`.
 """
 
@@ -51,12 +51,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.decoder_layers = 6
     window = a.window or 512
   else:
-    c.data.update(max_length=1024, min_length=512, num_values=10, num_fillers=32,
-                  min_marks=1, max_marks=4, num_train=12_000, num_val=300, num_test=500)
+    # Inputs of 1,024-2,048 tokens of one filler token. The encoder has no position embedding:
+    # the answer does not depend on where the marks are, and without position noise in the keys
+    # the decoder's cross-attention finds the marks sooner (the decoder keeps its sinusoids).
+    # With 8 filler tokens instead of 1, this model reached only 0.62 test exact match after
+    # 2,200 steps on 512-1,024 tokens (docs/led.md).
+    c.data.update(max_length=2048, min_length=1024, num_values=10, num_fillers=1,
+                  min_marks=1, max_marks=4, num_train=10_000, num_val=300, num_test=500)
     common.set_model(c.model, layers=2, width=64, heads=4, mlp=128, classifier=64,
-                     dropout=0.0, pos_emb="sinusoidal", pool="cls")
-    common.cpu_schedule(c, steps=1200, batch=16, eval_batch=100, learning_rate=3e-3,
-                        warmup=100, weight_decay=0.01, eval_every=300, checkpoint_every=300)
+                     dropout=0.0, pos_emb="none", pool="cls")
+    common.cpu_schedule(c, steps=800, batch=8, eval_batch=100, learning_rate=4e-3,
+                        warmup=100, weight_decay=0.01, eval_every=250, checkpoint_every=250)
     c.model.decoder_layers = 2
     window = a.window or 16
   c.model.num_global = 1                            # global attention on the first token
