@@ -216,12 +216,17 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 def _assemble(xb, spec, heads: int):
   """Key blocks of every row of a bucket: `[nkb, B, Hx, bk, E]` -> `[R, B, heads, K * bk, E]`.
 
-  Shift slots are static slices, constant slots broadcasts, the rest one one-hot matmul.
+  Shift slots are static slices, constant slots broadcasts, the rest one one-hot matmul; an
+  "all" slot is the whole key sequence broadcast to the rows.
   """
   _, b_, hx, bk, e = xb.shape
   r = len(spec.rows)
   parts = []
   for slot in spec.slots:
+    if slot[0] == "all":                                                 # every key block
+      part = xb.transpose(1, 2, 0, 3, 4)[None]                          # [1, B, Hx, nkb, bk, E]
+      parts.append(jnp.broadcast_to(part, (r, b_, heads) + part.shape[3:]))
+      continue
     if slot[0] == "shift":
       part = static_take(xb, slot[2], 0)                                 # [R, B, Hx, bk, E]
     else:

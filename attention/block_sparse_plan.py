@@ -8,7 +8,12 @@ Everything here runs in numpy before tracing, once per layout (plans are cached 
        * a shift `d`: every row n reads block n + d (a band diagonal) - one static slice;
        * a constant `m`: every row reads block m (a global block) - one broadcast;
        * a one-hot slot: rows read unrelated blocks (BigBird's random blocks) - one matmul with
-         a static one-hot `[rows, slots, nkb]` matrix.
+         a static one-hot `[rows, slots, nkb]` matrix;
+       * "all": when every row of the bucket reads at least `ALL_SHARE` of the key blocks (global
+         query blocks, the last rows of a causal layout), the bucket reads the whole key
+         sequence once, a transpose broadcast to its rows, and masks the blocks it must skip.
+         Per-block slots there would each cost a full-size gradient buffer in the backward
+         pass (the transpose of a slice is a padded copy), dozens of them per global row.
      Shifts and constants are chosen greedily while they serve at least half of the
      (head, row) pairs; rows they do not serve have that slot masked out.
   3. Static token positions of every query row and key slot feed the causal rule and the
@@ -28,6 +33,7 @@ import numpy as np
 MAX_BUCKETS = 4          # most row buckets per layout; each adds one scan to the graph
 CHUNK_SCORE_ELEMENTS = 1 << 19  # score elements per scan step, so that they stay in cache
 STRUCTURED_SHARE = 0.5   # a shift/constant slot must serve this share of (head, row) pairs
+ALL_SHARE = 0.75         # a bucket whose every row reads this share of the key blocks reads all
 
 
 class Static:
@@ -93,11 +99,16 @@ def assign_slots(sets, rows, num_key_blocks: int):
     num_key_blocks: nkb.
 
   Returns:
-    (slots, onehot, idx, ok): `slots` a tuple of ("shift", d, take_indices) / ("const", m);
+    (slots, onehot, idx, ok): `slots` a tuple of ("shift", d, take_indices) / ("const", m), or
+    just (("all",),);
     `onehot` float32 `[Hl, R, J, nkb]` or None; `idx` int `[Hl, R, K]`, the key block read by
     every slot (K = len(slots) + J); `ok` bool `[Hl, R, K]`, whether that block is in the layout.
   """
   hl, r = len(sets), len(rows)
+  if min(len(s) for head in sets for s in head) >= ALL_SHARE * num_key_blocks:
+    idx = np.broadcast_to(np.arange(num_key_blocks), (hl, r, num_key_blocks))
+    ok = np.array([[[m in s for m in range(num_key_blocks)] for s in head] for head in sets])
+    return (("all",),), None, idx, ok
   left = [[set(s) for s in head] for head in sets]
   rows_arr = np.asarray(rows)
   slots, cols, oks = [], [], []

@@ -101,8 +101,11 @@ def test_plan_uses_slices_for_bands_and_one_hot_only_for_irregular_blocks():
                                         num_heads=2)
   plan = block_sparse_plan.make_plan(bigbird, q_block=4, k_block=4)
   kinds = {s[0] for b in plan.buckets for s in b.slots}
-  assert kinds == {"shift", "const"}
+  assert kinds == {"shift", "const", "all"}
   assert any(b.onehot is not None for b in plan.buckets)
+  # The global query blocks read every key block: one "all" slot, not one slot per block.
+  full = [b for b in plan.buckets if b.slots == (("all",),)]
+  assert len(full) == 1 and full[0].rows == (0, nb - 1) and full[0].num_slots == nb
 
 
 def test_causal_layout_is_bucketed_by_row_length():
