@@ -1,8 +1,10 @@
 """The report of `benchmarks/lra_speed.py`: its Markdown tables, and its plots drawn with Pillow
 (a core dependency; matplotlib is not).
 
-`render_table`: one row per (kind, length); `render_lra_layout`: the LRA paper's Table 2 layout
-(kinds as rows, speed and memory relative to dot_product per length). `plot_lengths`: steps/s and peak memory against the sequence length, both axes logarithmic, one
+`render_table`: one row per (kind, length); `render_growth`: peak memory above the process
+baseline per doubling of the length; `render_lra_layout`: the LRA paper's Table 2 layout
+(kinds as rows, speed and memory relative to dot_product per length, or to flash, exact and
+memory-efficient, where dot_product ran out of memory). `plot_lengths`: steps/s and peak memory against the sequence length, both axes logarithmic, one
 line per attention kind (the references dashed). `read_accuracy` reads the test accuracy per
 kind from `lra results DIR --format json` (a list of runs) or `lra results DIR --lra --format
 json` (`{"common", "cells"}`), `speed_accuracy_points` pairs it with the measured steps/s, and
@@ -38,14 +40,29 @@ def ordered(records: list[dict]) -> tuple[list[str], list[int]]:
   return names, sorted({r["length"] for r in records})
 
 
+FALLBACK_NOTE = ("† relative to `flash` (exact dense attention, memory-efficient) where "
+                 "dot_product ran out of memory.")
+
+
+def _vs(r: dict, field: str) -> str:
+  """A ratio to the exact dense reference, marked † when that reference is not dot_product."""
+  mark = "†" if r.get("dense_ref") not in (None, "dot_product") else ""
+  return _f(r.get(field), "{:.2f}x" + mark)
+
+
+def _note(records: list[dict]) -> str:
+  return ("\n\n" + FALLBACK_NOTE) if any(r.get("dense_ref") not in (None, "dot_product")
+                                          for r in records) else ""
+
+
 def render_table(records: list[dict]) -> str:
   """One row per (kind, length), grouped by length; ratios as stored with each record."""
   if not records:
     return "no points measured."
   names, lengths = ordered(records)
   at = {(r["kind"], r["length"]): r for r in records}
-  out = ["| kind | length | steps/s | vs dot_product | vs identity | peak GB | memory vs "
-         "dot_product | compile s | step s (min) |",
+  out = ["| kind | length | steps/s | vs dense | vs identity | peak GB | memory vs "
+         "dense | compile s | step s (min) |",
          "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for n in lengths:
     for k in names:
@@ -56,11 +73,11 @@ def render_table(records: list[dict]) -> str:
         label = {"oom": "OOM", "timeout": "timeout"}.get(r["status"], r["status"])
         out.append(f"| {k} | {n} | {label}: {r.get('detail', '')} | | | | | | |")
         continue
-      out.append(f"| {k} | {n} | {r['steps_per_s']:.3f} | {_f(r.get('vs_dense'), '{:.2f}x')} | "
+      out.append(f"| {k} | {n} | {r['steps_per_s']:.3f} | {_vs(r, 'vs_dense')} | "
                  f"{_f(r.get('vs_identity'), '{:.2f}x')} | {r['peak_gb']:.2f} | "
-                 f"{_f(r.get('memory_vs_dense'), '{:.2f}x')} | {r['compile_s']:.1f} | "
+                 f"{_vs(r, 'memory_vs_dense')} | {r['compile_s']:.1f} | "
                  f"{r['step_s']:.2f} ({r['step_min_s']:.2f}) |")
-  return "\n".join(out)
+  return "\n".join(out) + _note(records)
 
 
 def render_lra_layout(records: list[dict]) -> str:
@@ -77,7 +94,7 @@ def render_lra_layout(records: list[dict]) -> str:
       return {"oom": "OOM", "timeout": "timeout", "skipped": "skipped"}.get(r["status"], "error")
     if k == "dot_product":
       return f"{r[absolute]:.3g} {unit}"
-    return _f(r.get(field), "{:.2f}x")
+    return _vs(r, field)
 
   head = [_length(n) for n in lengths]
   out = ["| kind | " + " | ".join(f"speed {h}" for h in head) + " | "
@@ -88,7 +105,33 @@ def render_lra_layout(records: list[dict]) -> str:
                                        for n in lengths) + " | "
                + " | ".join(cell(k, n, "memory_vs_dense", "peak_gb", "GB") for n in lengths)
                + " |")
-  return "\n".join(out)
+  return "\n".join(out) + _note(records)
+
+
+def render_growth(records: list[dict]) -> str:
+  """Peak memory above the process baseline (the imported, idle process), and its growth per
+  doubling of the length: 2.0 is linear in length, 4.0 quadratic."""
+  names, lengths = ordered(records)
+  at = {(r["kind"], r["length"]): r for r in records
+        if r.get("status") == "ok" and r.get("baseline_gb") is not None}
+  pairs = [(n, 2 * n) for n in lengths if 2 * n in lengths]
+  if not pairs:
+    return ""
+  out = ["| kind | " + " | ".join(f"{_length(a)} -> {_length(b)}" for a, b in pairs) + " |",
+         "|---|" + "---:|" * len(pairs)]
+  for k in names:
+    cells = []
+    for a, b in pairs:
+      ra, rb = at.get((k, a)), at.get((k, b))
+      if ra is None or rb is None:
+        cells.append("-")
+        continue
+      grow_a, grow_b = ra["peak_gb"] - ra["baseline_gb"], rb["peak_gb"] - rb["baseline_gb"]
+      cells.append(f"{grow_b / grow_a:.2f} ({grow_a:.2f} -> {grow_b:.2f} GB)")
+    if any(c != "-" for c in cells):
+      out.append(f"| {k} | " + " | ".join(cells) + " |")
+  return ("Peak memory above the process baseline, growth per doubling of the length (2.00 = "
+          "linear):\n\n" + "\n".join(out))
 
 
 def describe(records: list[dict]) -> str:
@@ -231,7 +274,8 @@ def plot_lengths(records: list[dict], path: str) -> None:
   setup = ok[0]
   draw.text((1240, 30), f"batch {setup['batch']}, {setup['setup']}", fill="black", font=small)
   for k in kinds:
-    missing = [r for r in records if r["kind"] == k and r.get("status") != "ok"]
+    missing = sorted((r for r in records if r["kind"] == k and r.get("status") != "ok"),
+                     key=lambda r: r["length"])           # the first failure says why
     text = k + (f"  ({missing[0]['status'].upper()} at {missing[0]['length']})"
                 if missing else "")
     draw.line([(1240, y + 9), (1275, y + 9)], fill=palette[k], width=4)

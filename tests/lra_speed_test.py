@@ -104,7 +104,8 @@ def test_an_unknown_kind_fails_in_one_line(tmp_path):
 def _record(kind, n, status="ok", step=1.0, compile_s=10.0):
   r = dict(record="point", setup="text-base", batch=4, kind=kind, length=n, status=status)
   if status == "ok":
-    r.update(step_s=step, steps_per_s=1 / step, times_s=[step] * 3, warmup_steps=1,
+    r.update(step_s=step, step_min_s=step, steps_per_s=1 / step, times_s=[step] * 3,
+             warmup_steps=1,
              compile_s=compile_s, peak_gb=1.0)
   return r
 
@@ -123,6 +124,40 @@ def test_points_after_an_oom_or_timeout_or_over_the_budget_are_skipped():
   assert skip("linear", 4096).startswith("predicted over --max_seconds: 330 s")
   assert skip("lsh", 2048) is None                     # errors are not a reason
   assert lra_speed.skip_reason("band", 4096, done, "text-base", 8, 300.0) is None
+
+
+def test_flash_is_the_dense_reference_where_dot_product_ran_out_of_memory():
+  done = {lra_speed.key(r): r for r in (
+      _record("dot_product", 1024, step=2.0), _record("flash", 1024, step=4.0),
+      _record("dot_product", 4096, "oom"), _record("flash", 4096, step=8.0),
+      _record("identity", 4096, step=1.0), _record("band", 4096, step=2.0),
+      _record("band", 1024, step=1.0))}
+  for r in done.values():
+    lra_speed.add_ratios(r, done)
+  band_1k, band_4k = done[("text-base", 4, "band", 1024)], done[("text-base", 4, "band", 4096)]
+  assert band_1k["dense_ref"] == "dot_product" and band_1k["vs_dense"] == pytest.approx(2.0)
+  assert band_4k["dense_ref"] == "flash" and band_4k["vs_dense"] == pytest.approx(4.0)
+  assert band_4k["vs_identity"] == pytest.approx(0.5)
+  assert done[("text-base", 4, "dot_product", 4096)]["vs_dense"] is None
+  table = lra_speed_plot.render_table(list(done.values()))
+  assert "| band | 4096 | 0.500 | 4.00x† | 0.50x |" in table
+  assert "| band | 1024 | 1.000 | 2.00x | " in table
+  assert lra_speed_plot.FALLBACK_NOTE in table
+  assert "| 4.00x† |" in lra_speed_plot.render_lra_layout(list(done.values()))
+
+
+def test_growth_table_is_the_peak_above_the_baseline_per_doubling():
+  records = []
+  for kind, peaks in (("band", (1.5, 2.5, 4.5)), ("dot_product", (2.0, 5.0, None))):
+    for n, peak in zip((1024, 2048, 4096), peaks):
+      r = _record(kind, n, "ok" if peak else "oom")
+      if peak:
+        r.update(peak_gb=peak, baseline_gb=0.5)
+      records.append(r)
+  table = lra_speed_plot.render_growth(records)
+  assert "| band | 2.00 (1.00 -> 2.00 GB) | 2.00 (2.00 -> 4.00 GB) |" in table
+  assert "| dot_product | 3.00 (1.50 -> 4.50 GB) | - |" in table
+  assert lra_speed_plot.render_growth(records[:1]) == ""
 
 
 def test_resume_keeps_measured_points_over_later_skips_and_errors():
