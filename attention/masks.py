@@ -308,3 +308,74 @@ def lsh_pair_counts(buckets, *, chunk_size: int, causal: bool = False,
         ok = np.where(other.any(axis=1, keepdims=True), other, ok & eye)
         counts[b, hh] += ok
   return counts
+
+
+# --- MPNet's two-stream masks (masked and permuted language modelling) ---------------------
+#
+# Song et al. 2020 ("MPNet", section 2.2 and Figure 2). A permutation z of the n real tokens puts
+# the b predicted tokens at its end (ranks n-b .. n-1). The content stream holds the tokens
+# x_{z<=c} that are not predicted, one mask token M (the [MASK] embedding plus the position of a
+# predicted token) per predicted position, and the predicted tokens x_{z>c}; the query stream
+# holds one query per predicted token (also the [MASK] embedding plus its position). With k the
+# index of a predicted token in the permutation's predicted part:
+#   * non-predicted tokens and mask tokens attend the non-predicted tokens and every mask token;
+#   * the content of predicted token k attends the non-predicted tokens, the predicted tokens
+#     k' <= k and the mask tokens k' > k;
+#   * the query of predicted token k attends the non-predicted tokens, the predicted tokens
+#     k' < k and the mask tokens k' >= k.
+# Every predicted token therefore sees n positions, the whole sequence (real tokens where they
+# are known, mask tokens elsewhere), and no stream ever reaches a predicted token's content
+# from that token's own query, directly or through another token.
+
+NON_PREDICTED, MASK_TOKEN, PREDICTED, QUERY, INACTIVE = 0, 1, 2, 3, -1
+
+
+def mpnet_allowed(row_kind, row_rank, key_kind, key_rank):
+  """bool `[..., R, K]`: which key each row may attend, from each entry's kind (NON_PREDICTED,
+  MASK_TOKEN, PREDICTED, QUERY or INACTIVE) and its rank in the permutation (`[..., R]`,
+  `[..., K]`). INACTIVE rows attend nothing and INACTIVE keys are never attended."""
+  rk, rr = jnp.asarray(row_kind)[..., :, None], jnp.asarray(row_rank)[..., :, None]
+  kk, kr = jnp.asarray(key_kind)[..., None, :], jnp.asarray(key_rank)[..., None, :]
+  plain = (rk == NON_PREDICTED) | (rk == MASK_TOKEN)
+  pred_key, mask_key = kk == PREDICTED, kk == MASK_TOKEN
+  allowed = ((kk == NON_PREDICTED) & (rk != INACTIVE)) | (plain & mask_key)
+  allowed |= (rk == PREDICTED) & ((pred_key & (kr <= rr)) | (mask_key & (kr > rr)))
+  allowed |= (rk == QUERY) & ((pred_key & (kr < rr)) | (mask_key & (kr >= rr)))
+  return allowed
+
+
+def mpnet_masks(num_tokens: int, num_predicted: int) -> tuple[np.ndarray, np.ndarray]:
+  """MPNet's masks in the permuted order of the paper (Figure 2b), True = may attend.
+
+  The content stream is (x_{z<=c}, M_{z>c}, x_{z>c}): n - b tokens, b mask tokens, b predicted
+  tokens, n + b entries. Returns (content `[n+b, n+b]`, query `[b, n+b]`).
+  """
+  n = _positive_int("num_tokens", num_tokens)
+  b = _non_negative_int("num_predicted", num_predicted)
+  if b > n:
+    raise ValueError(f"num_predicted {b} exceeds num_tokens {n}.")
+  kinds = np.array([NON_PREDICTED] * (n - b) + [MASK_TOKEN] * b + [PREDICTED] * b)
+  ranks = np.concatenate([np.arange(n), np.arange(n - b, n)])
+  content = mpnet_allowed(kinds, ranks, kinds, ranks)
+  query = mpnet_allowed(np.full(b, QUERY), np.arange(n - b, n), kinds, ranks)
+  return np.asarray(content), np.asarray(query)
+
+
+def mpnet_position_masks(ranks, predicted, real):
+  """The same masks laid out by position, for batches of sequences of one length L.
+
+  `ranks` int `[B, L]`: each real token's place in its permutation (the predicted part last);
+  `predicted`, `real` bool `[B, L]`. The content stream is the L tokens followed by L mask
+  slots (slot j is the mask token of position j, used when j is predicted); the query stream
+  has one slot per position (used when it is predicted). Returns (content `[B, 2L, 2L]`,
+  query `[B, L, 2L]`); unused slots attend nothing and are never attended.
+  """
+  ranks = jnp.asarray(ranks)
+  predicted, real = jnp.asarray(predicted, bool), jnp.asarray(real, bool)
+  token_kind = jnp.where(real, jnp.where(predicted, PREDICTED, NON_PREDICTED), INACTIVE)
+  slot_kind = jnp.where(predicted, MASK_TOKEN, INACTIVE)
+  kinds = jnp.concatenate([token_kind, slot_kind], axis=-1)              # [B, 2L]
+  both = jnp.concatenate([ranks, ranks], axis=-1)                        # [B, 2L]
+  content = mpnet_allowed(kinds, both, kinds, both)
+  query = mpnet_allowed(jnp.where(predicted, QUERY, INACTIVE), ranks, kinds, both)
+  return content, query
