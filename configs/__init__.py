@@ -62,4 +62,4 @@ def build_config(task: str, *, attention: str | None = None, size: str | None = 
     apply_override(config, dotted, text)
   if hasattr(module, "check"):   # a task's own relations between fields (one-line ValueError)
     module.check(config)
-  return config
+  return common.apply_protocol(config)   # protocol=spt: pretraining and fine-tuning phases

@@ -133,6 +133,11 @@ def trainer_defaults() -> ml_collections.ConfigDict:
   # init_length: that run's max_length when shorter (its learned positions are tiled, Longformer).
   c.init_from = ""
   c.init_length = 0
+  c.protocol = "scratch"       # scratch (as LRA) | spt (self-pretrain, then fine-tune)
+  c.pretrain = ml_collections.ConfigDict({
+      "objective": "mlm",      # mlm | clm | mpnet, over the task's inputs (labels unused)
+      "steps": 0,              # pretraining steps of num_train_steps; 0 = half of them
+      "learning_rate": 0.0})   # 0 = config.learning_rate
   c.distributed = False        # jax.distributed.initialize() (or set LRA_DISTRIBUTED=1)
   c.progress = True            # the stderr progress line
   return c
@@ -156,6 +161,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.sublayers = ""
   m.sandwich = 0
   m.pool = "cls"               # cls | mean
+  m.mask_rate = 0.15           # masked (MLM) or predicted (MPNet) tokens when pretraining
   m.classifier_dim = 1024
   # The attention primitive of every layer ({"kind": name in attention.kinds.KINDS, **its
   # arguments}); layer_attention optionally holds one dict per layer updating it.
@@ -260,3 +266,72 @@ def lra_sweep(add: Callable[..., None], *, skip: tuple[str, ...] = (),
       continue
     for seed in seeds:
       add(config_arg=f"attention={name},size=base", seed=seed)
+
+
+# ---- Self-pretraining (`config.protocol`; lra/tasks/pretraining.py, docs/pretraining.md) ----
+
+PROTOCOLS = ("scratch", "spt")
+OBJECTIVES = ("mlm", "clm", "mpnet")
+# Attention kinds whose attention is not a pattern over positions, so MPNet's permutation masks
+# cannot be composed with them, and why.
+PERMUTATION_REFUSED = {
+    "linformer": "it projects keys and values along the length axis, so every compressed key "
+                 "mixes all positions, predicted tokens included.",
+    "favor": "its random-feature kernel has no per-pair mask beyond causal prefix sums.",
+    "linear": "its kernel attention has no per-pair mask beyond causal prefix sums.",
+    "lsh": "its hash buckets decide the pairs from the data, not from positions.",
+    "synthesizer": "its synthesized weights are per position, not masked pairs of tokens.",
+    "bigbird": "its per-layer random blocks are not composed with the permutation masks yet.",
+    "block_sparse": "its per-layer block layout is not composed with the permutation masks yet.",
+}
+
+
+def check_permutation_kinds(kinds_used) -> None:
+  """Raises ValueError (one line) for the first kind MPNet's masks cannot be composed with."""
+  for kind in kinds_used:
+    if kind in PERMUTATION_REFUSED:
+      raise ValueError(f"config.pretrain.objective = 'mpnet' with attention {kind!r}: its "
+                       f"masks cannot be composed with MPNet's permutation: "
+                       f"{PERMUTATION_REFUSED[kind]} Use mlm, or another kind.")
+
+
+def apply_protocol(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`c` with `protocol = "spt"` turned into two phases in one workdir (`lra.phases`): phase 1
+  trains `pretrain.objective` on the task's inputs (task `<task>+<objective>`) for
+  `pretrain.steps` steps (0: half of num_train_steps), phase 2 fine-tunes the task from its
+  parameters for the rest, so both protocols take num_train_steps steps in all."""
+  protocol = c.get("protocol", "scratch")
+  if protocol not in PROTOCOLS:
+    raise ValueError(f"config.protocol = {protocol!r}: must be one of {', '.join(PROTOCOLS)} "
+                     f"(scratch trains from random parameters; spt self-pretrains on the "
+                     f"task's inputs, then fine-tunes).")
+  if protocol == "scratch":
+    return c
+  p = c.pretrain
+  if p.objective not in OBJECTIVES:
+    raise ValueError(f"config.pretrain.objective = {p.objective!r}: must be one of "
+                     f"{', '.join(OBJECTIVES)} (the self-pretraining objective).")
+  pretraining = f"{c.task}+{p.objective}"
+  if c.get("phases") and dict(c.phases[0]).get("task") == pretraining:
+    return c   # already applied
+  if c.get("phases"):
+    raise ValueError("config.protocol = 'spt' makes its own two phases; it cannot be combined "
+                     "with config.phases.")
+  total = int(c.num_train_steps)
+  steps = int(p.steps) or total // 2
+  if not 0 < steps < total:
+    raise ValueError(f"config.pretrain.steps = {p.steps!r}: must leave both phases steps, "
+                     f"in [1, {total - 1}] (num_train_steps {total}), or 0 for half.")
+  if p.objective == "mpnet":
+    specs = [dict(c.model.attention)] + [dict(x) for x in (c.model.layer_attention or ())]
+    check_permutation_kinds(s.get("kind", specs[0].get("kind")) for s in specs)
+  common = dict(max_length=int(c.data.max_length), window_scale=1.0,
+                batch_size=int(c.batch_size), warmup_steps=int(c.warmup_steps))
+  pretrain_lr = float(p.learning_rate) or float(c.learning_rate)
+  with c.unlocked():
+    c.phases = (
+        {**common, "steps": steps, "learning_rate": pretrain_lr,
+         "task": pretraining},
+        {**common, "steps": total - steps, "learning_rate": float(c.learning_rate),
+         "task": c.task})
+  return c

@@ -95,6 +95,11 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("dtype", one_of(*DTYPES), "the activations' dtype (parameters stay float32)"),
     ("init_length", NON_NEGATIVE, "the max_length of the init_from run when shorter (its "
      "learned positions are tiled); 0 = the same length"),
+    ("pretrain.steps", NON_NEGATIVE, "self-pretraining steps of protocol spt; 0 = half"),
+    ("pretrain.learning_rate", number(0), "the pretraining learning rate; 0 = learning_rate"),
+    ("model.mask_rate", (lambda v: _is_number(v) and 0 < v < 1, "must be a number in (0, 1)"),
+     "the fraction of tokens masked (mlm) or "
+     "predicted (mpnet) in self-pretraining"),
     ("model.num_layers", POSITIVE, "transformer blocks"),
     ("model.num_heads", POSITIVE, "attention heads"),
     ("model.emb_dim", POSITIVE, "the model width"),

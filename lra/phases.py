@@ -18,6 +18,9 @@ from lra import storage
 # The fields a phase sets (`config.phases` is a tuple of dicts with exactly these keys).
 PHASE_KEYS = ("steps", "max_length", "window_scale", "learning_rate", "batch_size",
               "warmup_steps")
+# Optional: the task a phase trains (`config.protocol = "spt"` pretrains `<task>+<objective>`
+# in phase 1, see configs/common.py `apply_protocol`).
+OPTIONAL_KEYS = ("task",)
 
 
 def _scale_window(spec: Any, scale: float) -> Any:
@@ -37,9 +40,9 @@ def phase_config(config: ml_collections.ConfigDict, index: int) -> ml_collection
   """
   phases = [dict(p) for p in config.phases]
   for k, phase in enumerate(phases):
-    if set(phase) != set(PHASE_KEYS):
+    if set(phase) - set(OPTIONAL_KEYS) != set(PHASE_KEYS):
       raise ValueError(f"config.phases[{k}] has keys {sorted(phase)}; a phase needs exactly "
-                       f"{', '.join(PHASE_KEYS)}.")
+                       f"{', '.join(PHASE_KEYS)} (and may name its {', '.join(OPTIONAL_KEYS)}).")
   if config.model.pos_emb == "learned" and len({p["max_length"] for p in phases}) > 1:
     raise ValueError("the phases change the sequence length, so the model's parameters must "
                      "not depend on it: use --config.model.pos_emb=sinusoidal (or none).")
@@ -47,6 +50,7 @@ def phase_config(config: ml_collections.ConfigDict, index: int) -> ml_collection
   c = ml_collections.ConfigDict(config.to_dict())
   with c.unlocked(), c.ignore_type():
     c.phases = ()
+    c.task = str(phase.get("task", c.task))
     c.num_train_steps = int(phase["steps"])
     c.data.max_length = int(phase["max_length"])
     c.learning_rate = float(phase["learning_rate"])

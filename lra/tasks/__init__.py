@@ -24,16 +24,28 @@ TASKS = {
 }
 
 
+# "<task>+<objective>": self-pretraining on the task's inputs (lra/tasks/pretraining.py).
+OBJECTIVES = ("mlm", "clm", "mpnet")
+
+
 def check_name(name: str) -> str:
   """Returns `name` when it is a task; raises ValueError listing the valid names otherwise."""
-  if name not in TASKS:
+  base, plus, objective = name.partition("+")
+  if base not in TASKS:
     raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}.")
+  if plus and objective not in OBJECTIVES:
+    raise ValueError(f"unknown pretraining objective {objective!r} in task {name!r}; valid: "
+                     f"{', '.join(OBJECTIVES)}.")
   return name
 
 
 def get_task(name: str):
   """The Task object registered under `name` (a `lra.tasks.base.Task`)."""
-  module, attribute = TASKS[check_name(name)].split(":")
+  base, plus, objective = check_name(name).partition("+")
+  if plus:
+    pretraining = importlib.import_module("lra.tasks.pretraining")
+    return pretraining.pretraining_task(get_task(base), objective)
+  module, attribute = TASKS[name].split(":")
   return getattr(importlib.import_module(module), attribute)
 
 
