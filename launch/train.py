@@ -40,7 +40,9 @@ from lra import tasks as tasks_lib
 
 def default_workdir(task: str, config: ml_collections.ConfigDict) -> str:
   arg = dict(p.split("=", 1) for p in config.config_arg.split(","))
-  return os.path.join("workdirs", f"{task}-{arg['attention']}-{arg['size']}")
+  spt = (f"-spt-{config.pretrain.objective}" if config.get("protocol", "scratch") == "spt"
+         else "")   # a self-pretrained run never shares a scratch run's folder
+  return os.path.join("workdirs", f"{task}-{arg['attention']}-{arg['size']}{spt}")
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
