@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models import memory as memory_lib
 from models.encoder import Encoder
 
 
@@ -28,9 +29,29 @@ class LanguageModel(nnx.Module):
 
   def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
     self.encoder = Encoder(cfg, causal=True, rngs=rngs)
+    self.memory_length = int(cfg.get("memory_length", 0) or 0)
+    self.compressed_length = int(cfg.get("compressed_length", 0) or 0)
+    # One compression function per layer (models/memory.py), when there is a compressed memory.
+    self.compress = nnx.List([
+        memory_lib.Compression(str(cfg.get("compression", "conv")),
+                               int(cfg.get("compression_rate", 1)), cfg["emb_dim"], rngs=rngs)
+        for _ in range(cfg["num_layers"])]) if self.compressed_length else None
 
-  def __call__(self, inputs: jax.Array, *, rng=None) -> jax.Array:
-    """inputs `[B, L]` int32 (0 = padding) -> next-token logits `[B, L, vocab]` float32."""
+  def init_memory(self, batch: int) -> dict[str, jax.Array]:
+    """An empty Transformer-XL (and compressed) memory for `batch` streams."""
+    return memory_lib.init_state(len(self.encoder.blocks), batch, self.encoder.embed.embedding
+                                 .shape[-1], self.memory_length, self.compressed_length)
+
+  def __call__(self, inputs: jax.Array, *, rng=None, memory=None):
+    """inputs `[B, L]` int32 (0 = padding) -> next-token logits `[B, L, vocab]` float32.
+
+    With `memory` (a state from `init_memory` or a previous call) returns (logits, new memory,
+    attention-reconstruction loss); see models/memory.py.
+    """
+    if memory is not None:
+      x, memory, recon = memory_lib.forward(self.encoder, self.compress, inputs, memory, rng=rng)
+      x = x * (x.shape[-1] ** -0.5)
+      return self.encoder.embed.attend(x).astype(jnp.float32), memory, recon
     x, _ = self.encoder(inputs, rng=rng)                                   # [B, L, E]
     x = x * (x.shape[-1] ** -0.5)
     return self.encoder.embed.attend(x).astype(jnp.float32)                # [B, L, V]

@@ -1,0 +1,155 @@
+"""Transformer-XL memory and compressive memory (models/memory.py): segments with memory equal one
+pass over their concatenation with the attention span restricted accordingly (dense relative
+attention with an explicit mask as the reference), no gradient reaches the memory, the
+compression follows the paper and the reconstruction loss trains only the compression."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import models
+from models import memory as memory_lib
+
+V = 11
+
+
+def _cfg(kind="dot_product", layers=2, **extra):
+  attention = {"kind": kind} if kind == "dot_product" else {"kind": kind, "window": 4}
+  cfg = dict(vocab_size=V, max_length=64, emb_dim=12, num_heads=2, qkv_dim=8, mlp_dim=16,
+             num_layers=layers, dropout=0.0, pos_emb="relative", attention=attention,
+             layer_attention=())
+  cfg.update(extra)
+  return cfg
+
+
+def _span_mask(starts, total, m_len, window=None):
+  """[total, total]: query p of the segment starting at s sees keys s - m_len <= j <= p."""
+  mask = np.zeros((total, total), bool)
+  bounds = list(starts) + [total]
+  for s, e in zip(bounds[:-1], bounds[1:]):
+    for p in range(s, e):
+      lo = max(0, s - m_len)
+      if window is not None:
+        lo = max(lo, p - window)
+      mask[p, lo:p + 1] = True
+  return mask
+
+
+def _reference(model, tokens, mask):
+  """The model's own dense relative path over the whole sequence, with `mask` on every layer."""
+  saved = []
+  for block in model.encoder.blocks:
+    a = block.attention
+    saved.append((a.kind, dict(a.args)))
+    a.kind, a.args = "dot_product", {"mask": tuple(map(tuple, mask.tolist()))}
+  try:
+    return model(tokens)
+  finally:
+    for block, (kind, args) in zip(model.encoder.blocks, saved):
+      block.attention.kind, block.attention.args = kind, args
+
+
+@pytest.mark.parametrize("kind,seg,m_len", [("dot_product", 5, 3), ("dot_product", 5, 7),
+                                            ("band", 7, 3), ("band", 7, 5)])
+def test_segments_with_memory_equal_the_restricted_concatenation(kind, seg, m_len):
+  model = models.LanguageModel(_cfg(kind, memory_length=m_len), rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 3 * seg), 1, V)
+  state = model.init_memory(2)
+  outs = []
+  for s in range(3):
+    logits, state, _ = model(tokens[:, s * seg:(s + 1) * seg], memory=state)
+    outs.append(logits)
+  got = jnp.concatenate(outs, axis=1)
+  window = 4 if kind == "band" else None
+  ref = _reference(model, tokens, _span_mask(range(0, 3 * seg, seg), 3 * seg, m_len, window))
+  np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+  full = _reference(model, tokens, _span_mask([0], 3 * seg, 0, window))
+  if window is not None and m_len >= window:
+    # The band window reaches into the memory: a memory as long as the window changes nothing.
+    np.testing.assert_allclose(got, full, atol=1e-5, rtol=1e-5)
+  else:  # without the restriction the outputs differ: the test sees the span
+    assert np.abs(np.asarray(full - got)).max() > 1e-3
+
+
+def test_no_gradient_flows_into_the_memory():
+  model = models.LanguageModel(_cfg(memory_length=4), rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(2), (2, 6), 1, V)
+  _, state, _ = model(tokens, memory=model.init_memory(2))
+
+  def loss(mem):
+    logits, new, _ = model(tokens, memory=dict(state, memory=mem))
+    return jnp.sum(logits) + jnp.sum(new["memory"])
+
+  # The memory is an input to the forward pass, but the next memory is stop-gradient.
+  g_new = jax.grad(lambda m: jnp.sum(model(tokens, memory=dict(state, memory=m))[1]["memory"]))
+  assert float(jnp.abs(g_new(state["memory"])).max()) == 0.0
+  # Gradient of the loss w.r.t. parameters does not pass through the stored memory.
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  mem_grad = jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(
+      tokens, memory=model.init_memory(2))[1]["memory"]))(params)
+  assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree.leaves(mem_grad))
+  assert float(jnp.abs(jax.grad(loss)(state["memory"])).max()) > 0  # it is read
+
+
+@pytest.mark.parametrize("kind", ["mean", "max", "conv"])
+def test_compression_takes_the_oldest_states_by_rate(kind):
+  seg, m_len, n_cm, rate = 6, 6, 4, 3
+  model = models.LanguageModel(_cfg(memory_length=m_len, compressed_length=n_cm,
+                                    compression=kind, compression_rate=rate), rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(3), (2, 3 * seg), 1, V)
+  state = model.init_memory(2)
+  states = [state]
+  for s in range(3):
+    _, state, _ = model(tokens[:, s * seg:(s + 1) * seg], memory=state)
+    states.append(state)
+  # After segment 3 the memory holds segment 3's inputs; segment 2's (which left) compressed
+  # into seg / rate slots at the end of the compressed memory, segment 1's before them.
+  s2, s3 = states[2], states[3]
+  expect = model.compress[0](s2["memory"][0])                             # [B, 2, E]
+  np.testing.assert_allclose(s3["compressed"][0][:, -seg // rate:], expect, atol=1e-6)
+  assert s3["compressed"].shape == (2, 2, n_cm, 12)
+  assert np.asarray(s3["cvalid"]).all() and not np.asarray(states[1]["cvalid"]).any()
+  if kind == "mean":
+    np.testing.assert_allclose(expect[:, 0], s2["memory"][0][:, :rate].mean(1), atol=1e-6)
+  if kind == "max":
+    np.testing.assert_allclose(expect[:, 1], s2["memory"][0][:, rate:].max(1), atol=1e-6)
+
+
+def _recon_setup():
+  model = models.LanguageModel(_cfg(memory_length=4, compressed_length=4, compression="conv",
+                                    compression_rate=2), rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(4), (2, 8), 1, V)
+  _, state, _ = model(tokens, memory=model.init_memory(2))
+  return model, state
+
+
+def test_reconstruction_gradient_reaches_only_the_compression():
+  model, state = _recon_setup()
+  tokens = jax.random.randint(jax.random.key(5), (2, 8), 1, V)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  grads = jax.grad(lambda p: nnx.merge(graphdef, p, rest)(tokens, memory=state)[2])(params)
+  flat = nnx.to_flat_state(grads)
+  compression = [abs(float(jnp.abs(v[...]).max())) for k, v in flat if k[0] == "compress"]
+  others = {k: float(jnp.abs(v[...]).max()) for k, v in flat if k[0] != "compress"}
+  assert compression and all(g > 0 for g in compression)
+  assert others and all(g == 0.0 for g in others.values()), others
+
+
+def test_reconstruction_loss_falls_training_the_compression():
+  model, state = _recon_setup()
+  tokens = jax.random.randint(jax.random.key(5), (2, 8), 1, V)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  loss = lambda p: nnx.merge(graphdef, p, rest)(tokens, memory=state)[2]
+  step = jax.jit(lambda p: jax.tree.map(lambda x, g: x - 0.5 * g, p, jax.grad(loss)(p)))
+  first = float(loss(params))
+  for _ in range(30):
+    params = step(params)
+  assert float(loss(params)) < 0.7 * first
+
+
+def test_memory_refuses_a_position_kind_without_relative():
+  model = models.LanguageModel(_cfg(memory_length=3, pos_emb="sinusoidal"), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="pos_emb='relative'"):
+    model(jnp.ones((1, 4), jnp.int32), memory=model.init_memory(1))
