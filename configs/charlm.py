@@ -154,6 +154,14 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
   # Transformer-XL relative positions, as the Longformer character LM (no parameter depends on
   # the length, so the phases can change it); kinds without them keep sinusoids.
   c.model.pos_emb = "relative" if a.attention in validate.RELATIVE_KINDS else "sinusoidal"
+  # Transformer-XL memory and the Compressive Transformer (models/memory.py, docs/recurrence.md):
+  # n_m cached layer inputs per layer, n_cm compressed slots fed at rate c; a memory needs the
+  # training batches as contiguous streams (data.streams = batch_size).
+  c.model.memory_length = 0
+  c.model.compressed_length = 0
+  c.model.compression = "conv"        # mean | max | conv
+  c.model.compression_rate = 1
+  c.data.streams = 0                  # rows of contiguous training streams (0: shuffled windows)
   c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
   return c
 

@@ -228,6 +228,13 @@ class Trainer:
     self.state_sh = {"params": self.param_sh, "opt": self.opt_sh, "step": repl}
     self._abstract_state = {"params": abs_params, "opt": _with_shardings(abs_opt, self.opt_sh),
                             "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=repl)}
+    # The task's own state carried across training steps (Task.init_state), checkpointed with
+    # the rest of the train state.
+    self._init_task_state = lambda: task.init_state(cfg, int(config.batch_size))
+    abs_task = jax.eval_shape(self._init_task_state)
+    if abs_task is not None:
+      self.state_sh["task"] = jax.tree.map(lambda _: repl, abs_task)
+      self._abstract_state["task"] = _with_shardings(abs_task, self.state_sh["task"])
     traces = self._traces = [0]   # shared with a Trainer that adopts this plan
     objective = task.objective
     base_key = jax.random.key(seed + 1)
@@ -248,14 +255,20 @@ class Trainer:
 
       def loss_fn(params):
         model = nnx.merge(graphdef, params, rest)
-        sums = objective(model, batch, rng)
-        return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
+        if "task" in state:
+          sums, task_state = task.objective_with_state(model, batch, rng, state["task"])
+        else:
+          sums, task_state = objective(model, batch, rng), None
+        return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), (sums, task_state)
 
-      (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+      (_, (sums, task_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
       updates, opt_state = tx.update(grads, state["opt"], state["params"])
       params = optax.apply_updates(state["params"], updates)
       sums["grad_norm"] = optax.tree.norm(grads)
-      return {"params": params, "opt": opt_state, "step": state["step"] + 1}, sums
+      new = {"params": params, "opt": opt_state, "step": state["step"] + 1}
+      if task_state is not None:
+        new["task"] = task_state
+      return new, sums
 
     def eval_step(params, batch, rest):
       with in_mesh():
@@ -275,6 +288,8 @@ class Trainer:
     opt = jax.jit(self.tx.init, out_shardings=self.opt_sh)(self.params)
     step = jax.device_put(jnp.zeros((), jnp.int32), self.state_sh["step"])
     self.state = {"params": self.params, "opt": opt, "step": step}
+    if "task" in self.state_sh:
+      self.state["task"] = jax.jit(self._init_task_state, out_shardings=self.state_sh["task"])()
     return self
 
   @property

@@ -153,3 +153,50 @@ def test_memory_refuses_a_position_kind_without_relative():
   model = models.LanguageModel(_cfg(memory_length=3, pos_emb="sinusoidal"), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="pos_emb='relative'"):
     model(jnp.ones((1, 4), jnp.int32), memory=model.init_memory(1))
+
+
+# ----------------------------------------------------------------------------------------------
+# The trainer carries the memory (Task.init_state) and a resumed run equals an uninterrupted one.
+
+
+def _train_config(tmp_path, **overrides):
+  from tests import charlm_test
+  write = charlm_test.write_zip
+  write(tmp_path / "manual", charlm_test.corpus(charlm_test.enwik8), charlm_test.enwik8_bytes(1400))
+  c = charlm_test.tiny_config(charlm_test.enwik8, tmp_path, sizes=(1300, 60, 40), **{
+      "model.attention": {"kind": "dot_product"}, "model.layer_attention": (),
+      "model.pos_emb": "relative", "model.memory_length": 8, "model.compressed_length": 4,
+      "model.compression_rate": 2, "data.streams": 8, "num_train_steps": 4,
+      "checkpoint_every": 2, **overrides})
+  return c
+
+
+def test_streams_are_contiguous_rows():
+  from lra.tasks import charlm as charlm_tasks
+  from lra.data import charlm as charlm_data
+  w = charlm_data.train_windows(np.arange(200, dtype=np.uint8), 10)
+  s = charlm_tasks.streams(w, 3)
+  assert s.shuffle is False and len(s) == 3 * (len(w) // 3)
+  starts = s.starts.reshape(-1, 3)                                         # [t, r]
+  assert (np.diff(starts, axis=0) == 10).all()                             # each row continues
+
+
+def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
+  import os, signal
+  from lra import train
+  config = _train_config(tmp_path)
+  full = train.train_and_evaluate(config, str(tmp_path / "full"))
+  mem = np.asarray(full["state"]["task"]["memory"])
+  assert np.asarray(full["state"]["task"]["valid"]).all() and np.abs(mem).max() > 0
+  assert np.asarray(full["state"]["task"]["cvalid"]).all()
+
+  def stop_at_2(step):
+    if step == 2:
+      os.kill(os.getpid(), signal.SIGINT)
+
+  part = train.train_and_evaluate(config, str(tmp_path / "part"), hooks=[stop_at_2])
+  assert part["interrupted"] and part["step"] == 2
+  resumed = train.train_and_evaluate(config, str(tmp_path / "part"))
+  for a, b in zip(jax.tree.leaves(full["state"]), jax.tree.leaves(resumed["state"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert resumed["test_bpc"] == full["test_bpc"]

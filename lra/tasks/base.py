@@ -84,6 +84,17 @@ class Task:
     """Sums over a batch: `loss_sum`, `correct`, `weight`; `rng` is None in evaluation."""
     raise NotImplementedError(f"{type(self).__name__} does not define its objective.")
 
+  def init_state(self, model_cfg: Mapping[str, Any], batch_size: int) -> Any:
+    """State the task carries across training steps (a pytree, checkpointed with the train
+    state), or None; with one the trainer calls `objective_with_state` instead of `objective`."""
+    del model_cfg, batch_size
+    return None
+
+  def objective_with_state(self, model: nnx.Module, batch: Mapping[str, jax.Array], rng,
+                           state: Any) -> tuple[dict[str, jax.Array], Any]:
+    """(sums as `objective`, the next state) of one training step."""
+    return self.objective(model, batch, rng), state
+
   def derived_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
     """Metrics computed from the summarised loss and accuracy (for example bits per char)."""
     del metrics

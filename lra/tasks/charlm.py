@@ -14,15 +14,38 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from lra.data import builders, charlm
 from lra.tasks.language_model import LanguageModelTask
+
+
+def streams(windows: charlm.Windows, rows: int) -> charlm.Windows:
+  """The training windows in the order of `rows` contiguous streams, unshuffled: batch t row r
+  is window r * n + t of the n = len // rows windows of stream r (Transformer-XL's batches, for
+  a memory carried across steps); the remainder of the split is left out."""
+  n = len(windows) // rows
+  if n < 1:
+    raise ValueError(f"{len(windows)} training windows cannot make {rows} streams.")
+  order = (np.arange(rows)[None, :] * n + np.arange(n)[:, None]).reshape(-1)   # [t, r]
+  out = charlm.Windows(windows.stream, windows.starts[order], windows.length,
+                       windows.first_scored[order])
+  out.shuffle = False
+  return out
+
+
+def get_source(corpus, data_cfg, split: str):
+  """`charlm.get_source`; with `data.streams` > 0 the training windows are `streams`."""
+  source = charlm.get_source(corpus, data_cfg, split)
+  rows = int(data_cfg.get("streams", 0) or 0)
+  return streams(source, rows) if split == "train" and rows else source
 
 
 def _task(name: str) -> LanguageModelTask:
   corpus = charlm.CORPORA[name]
   return LanguageModelTask(
       name=name, vocab_size=builders.BYTE_VOCAB_SIZE, num_classes=builders.BYTE_VOCAB_SIZE,
-      get_source=functools.partial(charlm.get_source, corpus),
+      get_source=functools.partial(get_source, corpus),
       prepare=functools.partial(charlm.prepare, corpus),
       status=functools.partial(charlm.status, corpus))
 

@@ -20,6 +20,7 @@ from flax import nnx
 import models
 from attention import kinds as attention_kinds
 from lra.tasks.base import Task, eval_weights, weighted_sums
+from models import memory as memory_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +47,30 @@ class LanguageModelTask(Task):
         raise ValueError(f"task {self.name!r} trains a causal language model but attention "
                          f"{kind!r} cannot be causal: {reason}")
 
+  def init_state(self, model_cfg: Mapping[str, Any], batch_size: int):
+    """With `model.memory_length` > 0: the Transformer-XL (and compressed) memory of every
+    batch row, carried from step to step (each row a contiguous stream; models/memory.py)."""
+    m_len = int(model_cfg.get("memory_length", 0) or 0)
+    if not m_len:
+      return None
+    return memory_lib.init_state(
+        int(model_cfg["num_layers"]), batch_size, int(model_cfg["emb_dim"]), m_len,
+        int(model_cfg.get("compressed_length", 0) or 0))
+
+  def objective_with_state(self, model, batch: Mapping[str, jax.Array], rng, state):
+    """`objective` over the memory `state`; the attention-reconstruction loss adds only its
+    gradient (value zero), so the reported loss stays the next-token loss."""
+    logits, state, recon = model(batch["inputs"], rng=rng, memory=state)
+    sums = self._sums(logits, batch)
+    sums["loss_sum"] = sums["loss_sum"] + sums["weight"] * (recon - jax.lax.stop_gradient(recon))
+    return sums, state
+
   def objective(self, model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
     """Next-token sums; `weight` counts the scored tokens (eval `weights` multiply the mask)."""
-    inputs = batch["inputs"]
-    logits = model(inputs, rng=rng)                                        # [B, L, V]
+    return self._sums(model(batch["inputs"], rng=rng), batch)
+
+  def _sums(self, logits, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    inputs = batch["inputs"]                                               # logits [B, L, V]
     if "targets" in batch:
       targets = batch["targets"]                                           # [B, L]
       mask = batch["mask"] if "mask" in batch else targets > 0
