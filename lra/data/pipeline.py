@@ -94,7 +94,10 @@ def train_iterator(source, *, batch_size: int, seed: int, shard_index: int = 0,
   _check_source(source)
   if not 0 <= seed < 2**32:
     raise ValueError(f"seed must be in [0, 2**32), got {seed}.")
-  ds = grain.MapDataset.source(source).shuffle(seed=seed).repeat()  # reshuffled every epoch
+  ds = grain.MapDataset.source(source)
+  if getattr(source, "shuffle", True):   # a source of contiguous streams sets shuffle = False
+    ds = ds.shuffle(seed=seed)
+  ds = ds.repeat()                       # reshuffled every epoch
   ds = _ShardRows(ds, batch_size, shard_index, b).batch(b, drop_remainder=True)
   read = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch_batches)
   return iter(ds.to_iter_dataset(read))
