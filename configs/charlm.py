@@ -161,6 +161,7 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.compressed_length = 0
   c.model.compression = "conv"        # mean | max | conv
   c.model.compression_rate = 1
+  c.model.segment_length = 0          # evaluation segments through the memory (0: memory_length)
   c.data.streams = 0                  # rows of contiguous training streams (0: shuffled windows)
   c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
   return c
@@ -172,3 +173,47 @@ def sweep(add, sizes: tuple[str, ...] = ("base",)) -> None:
     for seed in (0, 1, 2):
       add(config_arg=f"attention=band,size={size}", seed=seed)
 
+
+
+COMPRESSIONS = ("mean", "max", "conv")
+MEMORY_KINDS = ("dot_product", "band")   # the causal kinds with relative positions
+
+
+def check_memory(config) -> None:
+  """Raises ValueError (one line) for a bad Transformer-XL / compressive memory setting."""
+  model, data = config.get("model", {}), config.get("data", {})
+  m_len, n_cm = model.get("memory_length", 0), model.get("compressed_length", 0)
+  rate, kind = model.get("compression_rate", 1), model.get("compression", "conv")
+  for field, v in (("memory_length", m_len), ("compressed_length", n_cm),
+                   ("segment_length", model.get("segment_length", 0))):
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+      raise ValueError(f"config.model.{field} = {v!r}: must be an integer >= 0 (0: none).")
+  if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
+    raise ValueError(f"config.model.compression_rate = {rate!r}: must be an integer >= 1.")
+  if kind not in COMPRESSIONS:
+    raise ValueError(f"config.model.compression = {kind!r}: must be one of "
+                     f"{', '.join(COMPRESSIONS)} (the compression function).")
+  if not m_len:
+    if n_cm:
+      raise ValueError(f"config.model.compressed_length = {n_cm}: needs "
+                       "config.model.memory_length > 0 (the memory feeds the compression).")
+    return
+  kinds = {model.attention.get("kind")} | {a.get("kind", model.attention.get("kind"))
+                                          for a in (model.get("layer_attention") or ())}
+  bad = sorted(k for k in kinds if k not in MEMORY_KINDS)
+  if bad or model.get("pos_emb") != "relative":
+    raise ValueError(f"config.model.memory_length = {m_len}: needs the causal kinds "
+                     f"{' or '.join(MEMORY_KINDS)} with pos_emb='relative', not attention "
+                     f"{', '.join(bad or sorted(kinds))} with pos_emb={model.get('pos_emb')!r}.")
+  length = data.get("max_length", 0)
+  if n_cm and length % rate:
+    raise ValueError(f"config.model.compression_rate = {rate}: must divide the segment "
+                     f"config.data.max_length = {length}.")
+  seg = model.get("segment_length", 0) or m_len
+  if n_cm and seg % rate:
+    raise ValueError(f"config.model.compression_rate = {rate}: must divide the evaluation "
+                     f"segment {seg} (config.model.segment_length, 0: memory_length).")
+  if data.get("streams", 0) != config.get("batch_size"):
+    raise ValueError(f"config.data.streams = {data.get('streams', 0)!r}: must equal "
+                     f"config.batch_size = {config.get('batch_size')} with a memory (each batch "
+                     "row one contiguous stream).")

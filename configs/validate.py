@@ -289,6 +289,9 @@ def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
       _check_heads(model)
       _check_order(model)
       _check_positions(model)
+      if "memory_length" in model:   # Transformer-XL / compressive memory (configs/charlm.py)
+        from configs import charlm  # pylint: disable=import-outside-toplevel
+        charlm.check_memory(config)
       if "attention" in model:
         check_attention(model.attention, "config.model.attention")
         _check_layer_attention(model)

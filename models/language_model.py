@@ -31,6 +31,8 @@ class LanguageModel(nnx.Module):
     self.encoder = Encoder(cfg, causal=True, rngs=rngs)
     self.memory_length = int(cfg.get("memory_length", 0) or 0)
     self.compressed_length = int(cfg.get("compressed_length", 0) or 0)
+    # Evaluation reads a window in segments of this length (0: memory_length) through the memory.
+    self.segment_length = int(cfg.get("segment_length", 0) or 0) or self.memory_length
     # One compression function per layer (models/memory.py), when there is a compressed memory.
     self.compress = nnx.List([
         memory_lib.Compression(str(cfg.get("compression", "conv")),

@@ -200,3 +200,25 @@ def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
   for a, b in zip(jax.tree.leaves(full["state"]), jax.tree.leaves(resumed["state"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert resumed["test_bpc"] == full["test_bpc"]
+
+
+@pytest.mark.parametrize("overrides,words", [
+    ({"model.memory_length": -1}, "memory_length = -1"),
+    ({"model.compressed_length": 8, "model.compression_rate": 3}, "must divide the segment"),
+    ({"model.compression": "avg"}, "mean, max, conv"),
+    ({"model.pos_emb": "sinusoidal"}, "pos_emb='relative'"),
+    ({"model.attention": {"kind": "linformer"}}, "linformer"),
+    ({"data.streams": 0}, "must equal config.batch_size"),
+    ({"model.memory_length": 0, "model.compressed_length": 4}, "needs config.model.memory_"),
+])
+def test_bad_memory_settings_are_one_line_errors(overrides, words):
+  import configs
+  from configs import validate
+  c = configs.build_config("enwik8", size="small", attention="dot_product")
+  c.model.memory_length, c.data.streams, c.data.max_length = 64, c.batch_size, 128
+  for key, value in overrides.items():
+    node, *path = key.split(".")
+    c[node][path[0]] = value
+  with pytest.raises(ValueError, match=words) as e:
+    validate.check(c)
+  assert "\n" not in str(e.value)

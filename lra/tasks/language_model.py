@@ -66,8 +66,19 @@ class LanguageModelTask(Task):
     return sums, state
 
   def objective(self, model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
-    """Next-token sums; `weight` counts the scored tokens (eval `weights` multiply the mask)."""
-    return self._sums(model(batch["inputs"], rng=rng), batch)
+    """Next-token sums; `weight` counts the scored tokens (eval `weights` multiply the mask).
+
+    A model with a memory reads each window in segments of `segment_length`, in order, from an
+    empty memory (evaluation windows are independent; see docs/recurrence.md)."""
+    inputs = batch["inputs"]
+    seg = int(getattr(model, "segment_length", 0) or 0)
+    if not seg:
+      return self._sums(model(inputs, rng=rng), batch)
+    state, logits = model.init_memory(inputs.shape[0]), []
+    for start in range(0, inputs.shape[1], seg):
+      out, state, _ = model(inputs[:, start:start + seg], rng=rng, memory=state)
+      logits.append(out)
+    return self._sums(jnp.concatenate(logits, axis=1), batch)
 
   def _sums(self, logits, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     inputs = batch["inputs"]                                               # logits [B, L, V]
