@@ -20,7 +20,7 @@ import ml_collections
 
 from configs import common, validate
 
-SIZES = ("base", "large", "small")
+SIZES = ("base", "large", "small", "xl-base", "xl-small", "compressive-base", "compressive-small")
 
 # Longformer Table 12: (steps, max_length, window scale, learning rate, batch size) per phase.
 _LENGTHS = (2048, 4096, 8192, 16384, 23040)
@@ -82,6 +82,9 @@ def data_config(task: str) -> ml_collections.ConfigDict:
 def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
   """The config of character-LM task `task` for `arg` = "attention=NAME,size=...,window=W"."""
   a = common.task_arg(arg, attention="band", sizes=SIZES)
+  memory, _, a.size = a.size.rpartition("-")    # "xl-small": Transformer-XL memory, small
+  if memory and "attention=" not in (arg or ""):
+    a.attention = "dot_product"                 # both papers' dense relative attention
 
   c = common.task_config(task, data_config(task))
   c.model.pos_emb = "sinusoidal"       # no parameters: the phases change the length
@@ -163,8 +166,41 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.compression_rate = 1
   c.model.segment_length = 0          # evaluation segments through the memory (0: memory_length)
   c.data.streams = 0                  # rows of contiguous training streams (0: shuffled windows)
+  if memory:
+    _memory_sizes(c, memory, a.size)
+    c.config_arg = f"attention={a.attention},size={memory}-{a.size},window={a.window}"
   c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
   return c
+
+
+def _memory_sizes(c: ml_collections.ConfigDict, memory: str, size: str) -> None:
+  """Transformer-XL (Dai et al. 2019, enwik8 base: 12 layers, d 512, 8 heads, d_inner 2048,
+  target 512, memory 512) or the Compressive Transformer (Rae et al. 2020, enwik8: 24 layers, d
+  1024, 8 heads, d_inner 3072, window 768, memory 768, compressed memory 1152, rate 3, conv), one
+  phase; `small`: the CPU demo of docs/recurrence.md."""
+  c.phases = ()
+  if size == "small":
+    c.num_train_steps, c.batch_size, c.warmup_steps, c.learning_rate = 300, 16, 30, 2e-3
+    c.data.max_length, c.data.eval_length, c.data.eval_context = 128, 256, 128
+    c.model.memory_length, c.model.segment_length = 128, 128
+    if memory == "compressive":   # the same 128 attended slots: 64 states + 64 compressed ones
+      c.model.memory_length, c.model.compressed_length, c.model.compression_rate = 64, 64, 2
+    c.eval_every, c.checkpoint_every = 100_000, 300
+  elif memory == "xl":
+    c.model.num_layers, c.model.emb_dim, c.model.qkv_dim = 12, 512, 512
+    c.model.num_heads, c.model.mlp_dim, c.model.dropout = 8, 2048, 0.1
+    c.num_train_steps, c.batch_size, c.learning_rate = 400_000, 22, 2.5e-4
+    c.data.max_length = c.model.memory_length = c.model.segment_length = 512
+    c.data.eval_length, c.data.eval_context = 4096, 4096 - 512
+  else:
+    c.model.num_layers, c.model.emb_dim, c.model.qkv_dim = 24, 1024, 1024
+    c.model.num_heads, c.model.mlp_dim, c.model.dropout = 8, 3072, 0.1
+    c.num_train_steps, c.batch_size, c.learning_rate = 400_000, 22, 2.5e-4
+    c.data.max_length = c.model.memory_length = c.model.segment_length = 768
+    c.model.compressed_length, c.model.compression_rate = 1152, 3
+    c.data.eval_length, c.data.eval_context = 3072, 3072 - 768
+  c.model.compression = "conv"
+  c.data.streams = c.batch_size
 
 
 def sweep(add, sizes: tuple[str, ...] = ("base",)) -> None:

@@ -14,6 +14,10 @@ Expected: `test bits per character` about 1.83 (measured on the fallback corpus,
 2.424 with the earlier absolute sinusoids), in `workdirs/enwik8-band-small/phase2/results.json`.
 `--size base` needs enwik8.zip (http://mattmahoney.net/dc/enwik8.zip) and weeks of GPU time;
 Longformer reports 1.00 (small).
+
+Recurrence (docs/recurrence.md): `--size xl-small` / `compressive-small` (CPU, fallback corpus) and
+`xl-base` (Transformer-XL 12L) / `compressive-base` (the Compressive Transformer's enwik8
+settings), e.g. `.venv/bin/lra run enwik8 --size xl-small`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ characters). Main command (4 min 55 s on 2 shared cores):
 
 Expected: `test bits per character` about 2.51 (measured on the fallback corpus, seed 0: 2.513),
 in `workdirs/text8-band-small/phase2/results.json`. Longformer reports 1.10 for `--size base`.
+
+Recurrence (docs/recurrence.md): `--size xl-small` / `compressive-small` (CPU, fallback corpus) and
+`xl-base` (Transformer-XL 12L) / `compressive-base` (the Compressive Transformer's enwik8
+settings), e.g. `.venv/bin/lra run text8 --size xl-small`.
 """
 
 from __future__ import annotations
