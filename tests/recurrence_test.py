@@ -181,6 +181,8 @@ def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
   import os, signal
   from lra import train
   config = _train_config(tmp_path)
+  plan = train.Trainer.abstract(config)   # one plan (traced, compiled once) for the three runs
+  plan.keep()
   full = train.train_and_evaluate(config, str(tmp_path / "full"))
   mem = np.asarray(full["state"]["task"]["memory"])
   assert np.asarray(full["state"]["task"]["valid"]).all() and np.abs(mem).max() > 0
@@ -190,8 +192,10 @@ def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
     if step == 2:
       os.kill(os.getpid(), signal.SIGINT)
 
+  plan.keep()
   part = train.train_and_evaluate(config, str(tmp_path / "part"), hooks=[stop_at_2])
   assert part["interrupted"] and part["step"] == 2
+  plan.keep()
   resumed = train.train_and_evaluate(config, str(tmp_path / "part"))
   for a, b in zip(jax.tree.leaves(full["state"]), jax.tree.leaves(resumed["state"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
