@@ -46,7 +46,7 @@ def _reference(model, tokens, mask):
     saved.append((a.kind, dict(a.args)))
     a.kind, a.args = "dot_product", {"mask": tuple(map(tuple, mask.tolist()))}
   try:
-    return model(tokens)
+    return jax.jit(lambda t: model(t))(tokens)   # pylint: disable=unnecessary-lambda
   finally:
     for block, (kind, args) in zip(model.encoder.blocks, saved):
       block.attention.kind, block.attention.args = kind, args
@@ -59,8 +59,9 @@ def test_segments_with_memory_equal_the_restricted_concatenation(kind, seg, m_le
   tokens = jax.random.randint(jax.random.key(1), (2, 3 * seg), 1, V)
   state = model.init_memory(2)
   outs = []
+  run = jax.jit(lambda t, st: model(t, memory=st))
   for s in range(3):
-    logits, state, _ = model(tokens[:, s * seg:(s + 1) * seg], memory=state)
+    logits, state, _ = run(tokens[:, s * seg:(s + 1) * seg], state)
     outs.append(logits)
   got = jnp.concatenate(outs, axis=1)
   window = 4 if kind == "band" else None
@@ -84,9 +85,9 @@ def test_no_gradient_flows_into_the_memory():
     return jnp.sum(logits) + jnp.sum(new["memory"])
 
   # The memory is an input to the forward pass, but the next memory is stop-gradient.
-  g_new = jax.grad(lambda m: jnp.sum(model(tokens, memory=dict(state, memory=m))[1]["memory"]))
+  g_new = jax.jit(jax.grad(lambda m: jnp.sum(model(tokens, memory=dict(state, memory=m))[1]["memory"])))
   assert float(jnp.abs(g_new(state["memory"])).max()) == 0.0
-  assert float(jnp.abs(jax.grad(loss)(state["memory"])).max()) > 0  # it is read
+  assert float(jnp.abs(jax.jit(jax.grad(loss))(state["memory"])).max()) > 0  # it is read
 
 
 @pytest.mark.parametrize("kind", ["mean", "max", "conv"])
@@ -125,7 +126,8 @@ def test_reconstruction_gradient_reaches_only_the_compression():
   model, state = _recon_setup()
   tokens = jax.random.randint(jax.random.key(5), (2, 8), 1, V)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  grads = jax.grad(lambda p: nnx.merge(graphdef, p, rest)(tokens, memory=state)[2])(params)
+  grads = jax.jit(jax.grad(lambda p: nnx.merge(graphdef, p, rest)(tokens, memory=state)[2]))(
+      params)
   flat = nnx.to_flat_state(grads)
   compression = [abs(float(jnp.abs(v[...]).max())) for k, v in flat if k[0] == "compress"]
   others = {k: float(jnp.abs(v[...]).max()) for k, v in flat if k[0] != "compress"}
