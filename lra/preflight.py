@@ -308,9 +308,11 @@ class Report:
 
   def flash_peak(self) -> int | None:
     """The estimate with the exact memory-efficient kind instead of dense attention (the train
-    step only), or None when the config is not dense."""
+    step only), or None when the config is not dense or uses positions flash does not have
+    (relative)."""
     if self.config.model.attention.kind != "dot_product" or self.config.model.get(
-        "layer_attention") or self.eval_peak >= self.train_peak:
+        "layer_attention") or self.config.model.get("pos_emb") == "relative" \
+        or self.eval_peak >= self.train_peak:
       return None
     return self.variant_peak("model.attention.kind", "flash")
 
