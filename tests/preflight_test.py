@@ -254,3 +254,18 @@ def test_cache_directory_follows_xdg(monkeypatch, tmp_path):
 def test_no_compile_cache_leaves_jax_alone():
   with preflight.compile_cache(False) as path:
     assert path is None and jax.config.jax_compilation_cache_dir is None
+
+
+def test_no_flash_suggestion_where_flash_lacks_the_positions():
+  """`flash` has no relative positions: a dense relative config gets no flash estimate (the
+  variant's config check would refuse it) and its refusal line still forms."""
+  config = configs.build_config("enwik8", size="small", attention="dot_product", overrides=[
+      ("data.max_length", "32"), ("data.eval_length", "0"), ("model.num_layers", "1"),
+      ("batch_size", "8"), ("eval_batch_size", "8"), ("phases", "()")])
+  assert config.model.pos_emb == "relative"
+  report = preflight.check(config)
+  assert report.train_peak > report.eval_peak       # else no flash estimate for that reason
+  assert report.flash_peak() is None
+  report.available = report.state_bytes + 1
+  line = report.refusal()
+  assert "\n" not in line and "--attention flash" not in line
