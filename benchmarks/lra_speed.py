@@ -437,24 +437,6 @@ def parse_args(argv):
   return args
 
 
-BEGIN, END = "<!-- lra_speed tables: begin -->", "<!-- lra_speed tables: end -->"
-
-
-def write_markdown(path: str, text: str) -> None:
-  """Writes the tables to `path`; a file that already holds the BEGIN and END marker lines
-  keeps everything outside them (a document's prose around its generated tables)."""
-  old = open(path).read() if os.path.exists(path) else ""
-  if BEGIN in old and END in old.split(BEGIN, 1)[1]:
-    head, rest = old.split(BEGIN, 1)
-    text = f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}"
-  else:
-    text += "\n"
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.child is not None:
@@ -490,7 +472,7 @@ def main(argv=None) -> int:
                                  report.render_growth(records)) if x)
   print(text)
   if args.markdown:
-    write_markdown(args.markdown, text)
+    report.write_markdown(args.markdown, text)
   report.plot_lengths(records, args.plot)
   print(f"plot: {args.plot}", file=sys.stderr)
   if args.accuracy:

@@ -8,13 +8,15 @@ memory-efficient, where dot_product ran out of memory). `plot_lengths`: steps/s 
 line per attention kind (the references dashed). `read_accuracy` reads the test accuracy per
 kind from `lra results DIR --format json` (a list of runs) or `lra results DIR --lra --format
 json` (`{"common", "cells"}`), `speed_accuracy_points` pairs it with the measured steps/s, and
-`plot_accuracy` draws steps/s (log) against test accuracy.
+`plot_accuracy` draws steps/s (log) against test accuracy. `write_markdown` writes the tables
+into a document between its marker lines.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 
 from PIL import Image, ImageDraw, ImageFont
@@ -333,3 +335,21 @@ def plot_accuracy(points: list[dict], path: str) -> None:
     draw.ellipse([x - 7, y - 7, x + 7, y + 7], fill=palette[p["kind"]])
     draw.text((x + 10, y - 10), p["kind"], fill="black", font=small)
   image.save(path)
+
+
+BEGIN, END = "<!-- lra_speed tables: begin -->", "<!-- lra_speed tables: end -->"
+
+
+def write_markdown(path: str, text: str) -> None:
+  """Writes the tables to `path`; a file that already holds the BEGIN and END marker lines
+  keeps everything outside them (a document's prose around its generated tables)."""
+  old = open(path).read() if os.path.exists(path) else ""
+  if BEGIN in old and END in old.split(BEGIN, 1)[1]:
+    head, rest = old.split(BEGIN, 1)
+    text = f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}"
+  else:
+    text += "\n"
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)

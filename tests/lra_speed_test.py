@@ -204,10 +204,10 @@ def test_speed_accuracy_plot_from_lra_results_json(tmp_path, quick):
 
 def test_markdown_replaces_only_the_tables_between_the_markers(tmp_path):
   doc = tmp_path / "efficiency.md"
-  doc.write_text(f"# prose before\n{lra_speed.BEGIN}\nold table\n{lra_speed.END}\nprose after\n")
-  lra_speed.write_markdown(str(doc), "| new | table |")
-  assert doc.read_text() == (f"# prose before\n{lra_speed.BEGIN}\n| new | table |\n"
-                             f"{lra_speed.END}\nprose after\n")
+  doc.write_text(f"# prose before\n{lra_speed_plot.BEGIN}\nold table\n{lra_speed_plot.END}\nprose after\n")
+  lra_speed_plot.write_markdown(str(doc), "| new | table |")
+  assert doc.read_text() == (f"# prose before\n{lra_speed_plot.BEGIN}\n| new | table |\n"
+                             f"{lra_speed_plot.END}\nprose after\n")
   plain = tmp_path / "tables.md"
-  lra_speed.write_markdown(str(plain), "| t |")
+  lra_speed_plot.write_markdown(str(plain), "| t |")
   assert plain.read_text() == "| t |\n"
