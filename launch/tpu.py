@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import os
 import queue
-import re
 import shlex
 import signal
 import subprocess
@@ -50,10 +48,9 @@ import time
 from typing import IO
 
 from launch import remote
+from launch.tpu_worker import (TARBALL, jax_version, prepare_script, stop_script,
+                                worker_script)
 
-TARBALL = "lra-src.tar.gz"          # in each worker's home
-REMOTE = "$HOME/lra"                # on each worker: src/, venv/, bootstrapped-<hash>
-PYTHON = "python3.11"               # the venv's interpreter (setup.py: python_requires >= 3.11)
 GONE = ("PREEMPTED", "TERMINATED", "STOPPED")  # states a TPU does not leave by itself
 TIMEOUTS = {"describe": 120, "create": 1800, "delete": 1800, "scp": 900, "prepare": 3600,
             "stop": 300}
@@ -129,52 +126,6 @@ def options(args: argparse.Namespace) -> Options:
                  30.0 if args.poll_seconds is None else args.poll_seconds)
 
 
-def jax_version() -> str:
-  """The jax version setup.py pins."""
-  with open(os.path.join(remote.ROOT, "setup.py")) as f:
-    found = re.search(r"[\"']jax==([^\"']+)[\"']", f.read())
-  if not found:
-    raise remote.LaunchError("setup.py pins no jax version (\"jax==X\"); the TPU bootstrap "
-                             "installs jax[tpu] at that version.")
-  return found.group(1)
-
-
-def bootstrap_marker() -> str:
-  """The worker-side file whose presence skips the bootstrap: it names setup.py's hash, so a
-  change of the pinned dependencies bootstraps again."""
-  with open(os.path.join(remote.ROOT, "setup.py"), "rb") as f:
-    digest = hashlib.sha1(f.read() + PYTHON.encode()).hexdigest()[:12]
-  return f"{REMOTE}/bootstrapped-{digest}"
-
-
-def stop_script() -> str:
-  """Kills the processes holding the TPU and removes libtpu's lock file (MaxText's way)."""
-  return ("for p in $(sudo lsof -t /dev/accel* /dev/vfio/* 2>/dev/null | sort -u); do "
-          "kill -9 $p 2>/dev/null && timeout 60 tail --pid=$p -f /dev/null; done; "
-          "sudo rm -f /tmp/libtpu_lockfile")
-
-
-def prepare_script() -> str:
-  """Step 4: stop what holds the TPU, unpack the code, bootstrap the venv once."""
-  venv, marker = f"{REMOTE}/venv", bootstrap_marker()
-  pip = f"{venv}/bin/pip install -q"
-  bootstrap = (f"(command -v {PYTHON} >/dev/null || (sudo apt-get -qq update && sudo apt-get "
-               f"-qq install -y {PYTHON} {PYTHON}-venv)) && rm -rf {venv} && {PYTHON} -m venv "
-               f"{venv} && {pip} --upgrade pip && {pip} \"jax[tpu]=={jax_version()}\" && "
-               f"{pip} -e \"{REMOTE}/src[gcs]\" && touch {marker}")
-  return (f"{stop_script()}; rm -rf {REMOTE}/src && mkdir -p {REMOTE}/src && tar -xzf "
-          f"$HOME/{TARBALL} -C {REMOTE}/src && if [ -f {marker} ] && [ -x {venv}/bin/python ]; "
-          f"then echo \"lra: the venv is ready\"; else echo \"lra: bootstrapping {venv} (once)\" "
-          f"&& {bootstrap}; fi")
-
-
-def worker_script(o: Options, command: remote.RunCommand) -> str:
-  """Step 5, the same on every worker."""
-  env = " ".join(f"{k}={shlex.quote(v)}" for k, v in o.env)
-  return (f"cd {REMOTE} && export LRA_DISTRIBUTED=1 PYTHONPATH={REMOTE}/src{' ' * bool(env)}"
-          f"{env} && exec {REMOTE}/venv/bin/python -m launch.cli {shlex.join(command.argv)}")
-
-
 class Commands:
   """The gcloud command lines of a launch."""
 
@@ -210,7 +161,7 @@ class Commands:
   def attempt(self, workers: int | None, command: remote.RunCommand) -> list[list[str]]:
     """One attempt's calls once the TPU is READY (without the per-worker ones when the worker
     count is not known)."""
-    runs = [self.ssh(i, worker_script(self.o, command)) for i in range(workers or 0)]
+    runs = [self.ssh(i, worker_script(self.o.env, command)) for i in range(workers or 0)]
     return [self.state(), self.endpoints(), self.scp(), self.ssh("all", prepare_script()), *runs]
 
 
@@ -235,7 +186,7 @@ def plan(o: Options, command: remote.RunCommand, launch_dir: str) -> list[str]:
   lines += [shlex.join(x) for x in c.attempt(o.workers, command)]
   if not o.workers:
     lines.append(f"# then for each worker I = 0 .. N-1 (N: the lines of the second describe; "
-                 f"--workers N lists them): {shlex.join(c.ssh('I', worker_script(o, command)))}")
+                 f"--workers N lists them): {shlex.join(c.ssh('I', worker_script(o.env, command)))}")
   lines.append(f"# when a worker fails: its ssh clients are stopped, then "
                f"{shlex.join(c.ssh('all', stop_script()))}")
   if o.retries:
@@ -382,7 +333,7 @@ class Launch:
               TIMEOUTS["stop"])
 
   def run_workers(self, workers: int, logs: str) -> None:
-    script = worker_script(self.o, self.command)
+    script = worker_script(self.o.env, self.command)
     exits: queue.Queue = queue.Queue()
     tee = None
     for i in range(workers):
