@@ -169,7 +169,8 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
   if memory:
     _memory_sizes(c, memory, a.size)
     c.config_arg = f"attention={a.attention},size={memory}-{a.size},window={a.window}"
-  c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
+  else:
+    c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
   return c
 
 
