@@ -165,7 +165,10 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.compression = "conv"        # mean | max | conv
   c.model.compression_rate = 1
   c.model.segment_length = 0          # evaluation segments through the memory (0: memory_length)
+  c.model.eval_memory_length = 0      # evaluation memory states per layer (0: memory_length)
+  c.model.clamp_len = 0               # relative distances clamped to this (0: not clamped)
   c.data.streams = 0                  # rows of contiguous training streams (0: shuffled windows)
+  c.data.eval_streams = 0             # evaluation splits as rows of contiguous streams (0: windows)
   if memory:
     _memory_sizes(c, memory, a.size)
     c.config_arg = f"attention={a.attention},size={memory}-{a.size},window={a.window}"
@@ -221,10 +224,13 @@ def check_memory(config) -> None:
   model, data = config.get("model", {}), config.get("data", {})
   m_len, n_cm = model.get("memory_length", 0), model.get("compressed_length", 0)
   rate, kind = model.get("compression_rate", 1), model.get("compression", "conv")
-  for field, v in (("memory_length", m_len), ("compressed_length", n_cm),
-                   ("segment_length", model.get("segment_length", 0))):
+  eval_fields = (("model.eval_memory_length", model.get("eval_memory_length", 0)),
+                 ("model.clamp_len", model.get("clamp_len", 0)),
+                 ("data.eval_streams", data.get("eval_streams", 0)))
+  for field, v in (("model.memory_length", m_len), ("model.compressed_length", n_cm),
+                   ("model.segment_length", model.get("segment_length", 0))) + eval_fields:
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-      raise ValueError(f"config.model.{field} = {v!r}: must be an integer >= 0 (0: none).")
+      raise ValueError(f"config.{field} = {v!r}: must be an integer >= 0 (0: none).")
   if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
     raise ValueError(f"config.model.compression_rate = {rate!r}: must be an integer >= 1.")
   if kind not in COMPRESSIONS:
@@ -234,6 +240,10 @@ def check_memory(config) -> None:
     if n_cm:
       raise ValueError(f"config.model.compressed_length = {n_cm}: needs "
                        "config.model.memory_length > 0 (the memory feeds the compression).")
+    for field, v in eval_fields:
+      if v:
+        raise ValueError(f"config.{field} = {v}: needs config.model.memory_length > 0 (a "
+                         "model without memory evaluates independent windows).")
     return
   kinds = {model.attention.get("kind")} | {a.get("kind", model.attention.get("kind"))
                                           for a in (model.get("layer_attention") or ())}

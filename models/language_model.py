@@ -33,16 +33,22 @@ class LanguageModel(nnx.Module):
     self.compressed_length = int(cfg.get("compressed_length", 0) or 0)
     # Evaluation reads a window in segments of this length (0: memory_length) through the memory.
     self.segment_length = int(cfg.get("segment_length", 0) or 0) or self.memory_length
+    # Evaluation memory length (0: memory_length); no parameter depends on either.
+    self.eval_memory_length = int(cfg.get("eval_memory_length", 0) or 0) or self.memory_length
+    # Relative distances in the memory path clamped to this (0: not clamped; Transformer-XL).
+    self.clamp_len = int(cfg.get("clamp_len", 0) or 0)
     # One compression function per layer (models/memory.py), when there is a compressed memory.
     self.compress = nnx.List([
         memory_lib.Compression(str(cfg.get("compression", "conv")),
                                int(cfg.get("compression_rate", 1)), cfg["emb_dim"], rngs=rngs)
         for _ in range(cfg["num_layers"])]) if self.compressed_length else None
 
-  def init_memory(self, batch: int) -> dict[str, jax.Array]:
-    """An empty Transformer-XL (and compressed) memory for `batch` streams."""
+  def init_memory(self, batch: int, length: int | None = None) -> dict[str, jax.Array]:
+    """An empty Transformer-XL (and compressed) memory for `batch` streams, of `length` states
+    per layer (None: `memory_length`; `eval_memory_length` for evaluation)."""
+    length = self.memory_length if length is None else int(length)
     return memory_lib.init_state(len(self.encoder.blocks), batch, self.encoder.embed.embedding
-                                 .shape[-1], self.memory_length, self.compressed_length)
+                                 .shape[-1], length, self.compressed_length)
 
   def __call__(self, inputs: jax.Array, *, rng=None, memory=None):
     """inputs `[B, L]` int32 (0 = padding) -> next-token logits `[B, L, vocab]` float32.
@@ -51,7 +57,8 @@ class LanguageModel(nnx.Module):
     attention-reconstruction loss); see models/memory.py.
     """
     if memory is not None:
-      x, memory, recon = memory_lib.forward(self.encoder, self.compress, inputs, memory, rng=rng)
+      x, memory, recon = memory_lib.forward(self.encoder, self.compress, inputs, memory, rng=rng,
+                                            clamp_len=self.clamp_len)
       x = x * (x.shape[-1] ** -0.5)
       return self.encoder.embed.attend(x).astype(jnp.float32), memory, recon
     x, _ = self.encoder(inputs, rng=rng)                                   # [B, L, E]

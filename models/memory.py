@@ -45,11 +45,13 @@ def init_state(num_layers: int, batch: int, emb_dim: int, memory_length: int,
   return state
 
 
-def memory_attention(q, k, v, *, u, v_bias, w_r, key_valid, query_valid, window=None):
+def memory_attention(q, k, v, *, u, v_bias, w_r, key_valid, query_valid, window=None,
+                     clamp_len=0):
   """Dense relative attention of `q [B, L, H, D]` over `k, v [B, P + L, H, D]` (P earlier keys).
 
   Query i is at key position P + i; key j is allowed when key_valid[:, j], j <= P + i and (with
-  `window`) P + i - j <= window. Rows with no allowed key give zeros.
+  `window`) P + i - j <= window. Rows with no allowed key give zeros. With `clamp_len` > 0 the
+  position term uses the distance min(P + i - j, clamp_len) (Transformer-XL's clamp_len).
   """
   b, lq, h, d = q.shape
   lk = k.shape[1]
@@ -64,7 +66,10 @@ def memory_attention(q, k, v, *, u, v_bias, w_r, key_valid, query_valid, window=
   content = jnp.einsum("bqhd,bkhd->bhqk", qf + u, k.astype(jnp.float32))
   r = relative.projected_table(w_r, lk)                                    # [2lk-1, H, D]
   pos = jnp.einsum("bqhd,mhd->bhqm", qf + v_bias, r)                       # rows: lk-1 .. -(lk-1)
-  index = jnp.broadcast_to((lk - 1) - (qpos - kpos), pos.shape[:2] + (lq, lk))
+  distance = qpos - kpos
+  if clamp_len:
+    distance = jnp.minimum(distance, clamp_len)
+  index = jnp.broadcast_to((lk - 1) - distance, pos.shape[:2] + (lq, lk))
   pos = jnp.take_along_axis(pos, index, axis=-1)
   logits = jnp.where(allowed, (content + pos) / math.sqrt(d), -1e30)
   p = jax.nn.softmax(logits, axis=-1) * allowed
@@ -75,7 +80,7 @@ def _project(mha, x, name):
   return jnp.einsum("ble,ehd->blhd", x, getattr(mha, name)[...].astype(x.dtype))
 
 
-def attend(mha, x, prefix, query_valid, key_valid):
+def attend(mha, x, prefix, query_valid, key_valid, clamp_len=0):
   """The layer `mha` (relative positions) over [prefix; x]: x `[B, L, E]`, prefix `[B, P, E]`."""
   if mha.pos_kind != "relative" or mha.kind not in ("dot_product", "band"):
     raise ValueError("memory needs pos_emb='relative' with attention dot_product or band, not "
@@ -87,7 +92,8 @@ def attend(mha, x, prefix, query_valid, key_valid):
   if mha.kind == "band":
     window = int(mha.args["window"]) * int(mha.args.get("dilation", 1) or 1)
   out = memory_attention(q, k, v, u=mha.u[...], v_bias=mha.v_bias[...], w_r=mha.w_r[...],
-                         key_valid=key_valid, query_valid=query_valid, window=window)
+                         key_valid=key_valid, query_valid=query_valid, window=window,
+                         clamp_len=clamp_len)
   return jnp.einsum("blhd,hde->ble", out, mha.out[...].astype(out.dtype))
 
 
@@ -145,11 +151,14 @@ def reconstruction_loss(mha, h, old, compressed):
   return jnp.mean(jnp.square(full - comp))
 
 
-def forward(encoder, compress, tokens, state: Mapping[str, jax.Array], *, rng=None):
+def forward(encoder, compress, tokens, state: Mapping[str, jax.Array], *, rng=None,
+            clamp_len: int = 0):
   """The encoder over one segment with memory: (features `[B, L, E]`, new state, recon loss).
 
   `encoder` is a `models.encoder.Encoder` of interleaved pre-LN blocks; `compress` a list of
-  `Compression` per layer or None. Dropout follows `Block` (the same rng folding).
+  `Compression` per layer or None. Dropout follows `Block` (the same rng folding). The memory
+  length is the state's: no parameter depends on it, so a model trained with one memory length
+  runs with another. `clamp_len` > 0 clamps the relative distances (`memory_attention`).
   """
   from models.encoder import _fold, dropout   # pylint: disable=import-outside-toplevel
   key_mask = tokens > 0
@@ -171,7 +180,7 @@ def forward(encoder, compress, tokens, state: Mapping[str, jax.Array], *, rng=No
     if compress is not None:
       prefix = jnp.concatenate([state["compressed"][i], mem[i]], axis=1)
     ln_x, ln_prefix = block.ln_attn(x), block.ln_attn(prefix.astype(x.dtype))
-    h = attend(block.attention, ln_x, ln_prefix, key_mask, key_valid)
+    h = attend(block.attention, ln_x, ln_prefix, key_mask, key_valid, clamp_len)
     if compress is not None:
       old = stream[:, :seg]                                                # leaving the memory
       comp = compress[i](old)                                              # [B, L / c, E]

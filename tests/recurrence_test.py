@@ -154,6 +154,93 @@ def test_memory_refuses_a_position_kind_without_relative():
 
 
 # ----------------------------------------------------------------------------------------------
+# Evaluation: a memory longer than in training, clamped distances, the split as contiguous rows.
+
+
+def test_longer_evaluation_memory_equals_the_restricted_concatenation():
+  from lra import tasks
+  from lra.tasks.base import weighted_sums
+  seg, m_len, eval_len, total = 5, 3, 7, 15
+  model = models.LanguageModel(_cfg(memory_length=m_len, eval_memory_length=eval_len,
+                                    segment_length=seg), rngs=nnx.Rngs(0))
+  longer = models.LanguageModel(_cfg(memory_length=eval_len), rngs=nnx.Rngs(0))
+  same = lambda a, b: jax.tree.all(jax.tree.map(lambda x, y: bool((x == y).all()), a, b))
+  assert same(nnx.state(model, nnx.Param), nnx.state(longer, nnx.Param))  # no length inside
+  tokens = jax.random.randint(jax.random.key(6), (2, total + 1), 1, V)
+  ref = _reference(model, tokens[:, :-1], _span_mask(range(0, total, seg), total, eval_len))
+  run = jax.jit(lambda t, st: model(t, memory=st)[:2])
+  for length in (eval_len, m_len):        # the evaluation memory, then the training one
+    state, outs = model.init_memory(2, length), []
+    for s in range(0, total, seg):
+      logits, state = run(tokens[:, s:s + seg], state)
+      outs.append(logits)
+    got = jnp.concatenate(outs, 1)
+    if length == eval_len:
+      np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+    else:                                 # the test sees the length
+      assert np.abs(np.asarray(got - ref)).max() > 1e-3
+  # The evaluation objective: the eval memory, a row of 13 (the last segment padded), masked.
+  n = 13
+  batch = {"inputs": tokens[:, :n], "targets": tokens[:, 1:n + 1],
+           "mask": jnp.ones((2, n), jnp.int32).at[0, :4].set(0)}
+  got = jax.jit(lambda b: tasks.get_task("enwik8").objective(model, b, None))(batch)
+  want = weighted_sums(ref[:, :n], batch["targets"], batch["mask"].astype(jnp.float32))
+  assert float(got["weight"]) == float(want["weight"]) == 2 * n - 4
+  np.testing.assert_allclose(got["loss_sum"] / got["weight"], want["loss_sum"] / want["weight"],
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("clamp", [0, 2])
+def test_memory_attention_positions_and_clamp_by_definition(clamp):
+  from attention import relative
+  b, lq, prefix, h, d, e = 1, 3, 4, 2, 4, 6
+  keys = jax.random.split(jax.random.key(7), 6)
+  q = jax.random.normal(keys[0], (b, lq, h, d))
+  k, v = (jax.random.normal(keys[i], (b, prefix + lq, h, d)) for i in (1, 2))
+  u, vb = (jax.random.normal(keys[i], (h, d)) for i in (3, 4))
+  w_r = jax.random.normal(keys[5], (e, h, d))
+  valid = jnp.ones((b, prefix + lq), bool).at[0, 0].set(False)
+  got = memory_lib.memory_attention(q, k, v, u=u, v_bias=vb, w_r=w_r, key_valid=valid,
+                                    query_valid=jnp.ones((b, lq), bool), clamp_len=clamp)
+  q, k, v, u, vb, w_r = map(np.asarray, (q, k, v, u, vb, w_r))
+  want = np.zeros_like(got)
+  for i in range(lq):
+    keys_seen = [j for j in range(1, prefix + i + 1)]      # key 0 invalid; causal at P + i
+    dist = [prefix + i - j for j in keys_seen]
+    dist = [min(x, clamp) if clamp else x for x in dist]
+    r = np.einsum("ne,ehd->nhd", relative.sinusoid(dist, e), w_r)
+    logit = (np.einsum("hd,nhd->hn", q[0, i] + u, k[0, keys_seen]) +
+             np.einsum("hd,nhd->hn", q[0, i] + vb, r)) / np.sqrt(d)
+    p = np.exp(logit - logit.max(1, keepdims=True))
+    want[0, i] = np.einsum("hn,nhd->hd", p / p.sum(1, keepdims=True), v[0, keys_seen])
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("size,rows", [(50, 3), (50, 7), (9, 16), (2, 4)])
+def test_stream_evaluation_scores_every_character_once(size, rows):
+  from lra.tasks import charlm as charlm_tasks
+  stream = (np.arange(size) % 10).astype(np.uint8)
+  source = charlm_tasks.eval_streams(stream, rows)
+  assert len(source) <= rows
+  scored = []
+  for i in range(len(source)):
+    mask = source[i]["mask"]
+    scored += [int(source.starts[i]) + j + 1 for j in np.flatnonzero(mask)]
+    np.testing.assert_array_equal(source[i]["targets"][mask > 0] - 1,
+                                  stream[[int(source.starts[i]) + j + 1
+                                          for j in np.flatnonzero(mask)]])
+  assert sorted(scored) == list(range(1, size))                # each character after the first
+  if size == 50:                                               # through the model: weight = 49
+    from lra import tasks
+    from lra.data import pipeline
+    model = models.LanguageModel(_cfg(memory_length=3, eval_memory_length=6, segment_length=4),
+                                 rngs=nnx.Rngs(0))
+    batch = next(iter(pipeline.eval_batches(source, batch_size=8)))
+    sums = jax.jit(lambda b: tasks.get_task("enwik8").objective(model, b, None))(batch)
+    assert float(sums["weight"]) == size - 1
+
+
+# ----------------------------------------------------------------------------------------------
 # The trainer carries the memory (Task.init_state) and a resumed run equals an uninterrupted one.
 
 
@@ -165,6 +252,7 @@ def _train_config(tmp_path, **overrides):
       "model.attention": {"kind": "dot_product"}, "model.layer_attention": (),
       "model.pos_emb": "relative", "model.memory_length": 8, "model.compressed_length": 4,
       "model.compression_rate": 2, "data.streams": 8, "num_train_steps": 4,
+      "model.eval_memory_length": 12, "data.eval_streams": 3,   # evaluation: 3 rows, memory 12
       "checkpoint_every": 2, **overrides})
   return c
 
@@ -180,6 +268,8 @@ def test_streams_are_contiguous_rows():
 
 
 def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
+  """... and evaluates each split as 3 contiguous rows with a longer memory, every character
+  after the first scored once (the weight)."""
   import os, signal
   from lra import train
   config = _train_config(tmp_path)
@@ -189,6 +279,10 @@ def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
   mem = np.asarray(full["state"]["task"]["memory"])
   assert np.asarray(full["state"]["task"]["valid"]).all() and np.abs(mem).max() > 0
   assert np.asarray(full["state"]["task"]["cvalid"]).all()
+  import json
+  records = [json.loads(line) for line in open(tmp_path / "full" / "metrics.jsonl")]
+  assert {r["split"]: r["examples"] for r in records if r["split"] != "train"} == {
+      "validation": 59, "test": 39}                   # split sizes 60 and 40, minus the first
 
   def stop_at_2(step):
     if step == 2:
@@ -212,6 +306,13 @@ def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
     ({"model.attention": {"kind": "linformer"}}, "linformer"),
     ({"data.streams": 0}, "must equal config.batch_size"),
     ({"model.memory_length": 0, "model.compressed_length": 4}, "needs config.model.memory_"),
+    ({"model.eval_memory_length": -2}, "eval_memory_length = -2"),
+    ({"model.clamp_len": -3}, "clamp_len = -3"),
+    ({"data.eval_streams": -1}, "eval_streams = -1"),
+    ({"model.memory_length": 0, "data.streams": 0, "model.eval_memory_length": 256},
+     "eval_memory_length = 256: needs config.model.memory_length"),
+    ({"model.memory_length": 0, "data.streams": 0, "data.eval_streams": 4},
+     "eval_streams = 4: needs config.model.memory_length"),
 ])
 def test_bad_memory_settings_are_one_line_errors(overrides, words):
   import configs

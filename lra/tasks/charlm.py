@@ -17,7 +17,7 @@ import functools
 import numpy as np
 
 from lra.data import builders, charlm
-from lra.tasks.language_model import LanguageModelTask
+from lra.tasks.language_model import LanguageModelTask, stream_rows
 
 
 def streams(windows: charlm.Windows, rows: int) -> charlm.Windows:
@@ -34,11 +34,26 @@ def streams(windows: charlm.Windows, rows: int) -> charlm.Windows:
   return out
 
 
+def eval_streams(stream: np.ndarray, rows: int) -> charlm.Windows:
+  """The evaluation split as contiguous rows (Transformer-XL's evaluation): row r reads
+  characters [r n, (r + 1) n] (inputs and the targets one ahead) and scores them all, so every
+  character after the first is scored exactly once; the model reads a row in segments with its
+  memory carried across (lra/tasks/language_model.py)."""
+  if stream.size < 2:
+    raise ValueError("a split needs at least 2 characters to evaluate on.")
+  count, length = stream_rows(stream.size, rows)
+  return charlm.Windows(stream, np.arange(count) * length, length, np.zeros(count, np.int64))
+
+
 def get_source(corpus, data_cfg, split: str):
-  """`charlm.get_source`; with `data.streams` > 0 the training windows are `streams`."""
+  """`charlm.get_source`; with `data.streams` > 0 the training windows are `streams`, with
+  `data.eval_streams` > 0 the evaluation splits are `eval_streams`."""
   source = charlm.get_source(corpus, data_cfg, split)
   rows = int(data_cfg.get("streams", 0) or 0)
-  return streams(source, rows) if split == "train" and rows else source
+  if split == "train":
+    return streams(source, rows) if rows else source
+  eval_rows = int(data_cfg.get("eval_streams", 0) or 0)
+  return eval_streams(source.stream, eval_rows) if eval_rows else source
 
 
 def _task(name: str) -> LanguageModelTask:

@@ -23,6 +23,15 @@ from lra.tasks.base import Task, eval_weights, weighted_sums
 from models import memory as memory_lib
 
 
+def stream_rows(size: int, rows: int) -> tuple[int, int]:
+  """(rows, row length) of a split of `size` characters read as at most `rows` contiguous
+  streams: the `size - 1` targets (every character after the first) in rows of
+  ceil((size - 1) / rows) characters, the last row shorter, no row empty."""
+  targets = max(int(size) - 1, 1)
+  length = -(-targets // int(rows))
+  return -(-targets // length), length
+
+
 @dataclasses.dataclass(frozen=True)
 class LanguageModelTask(Task):
   """Next-token prediction with the causal `models.LanguageModel`."""
@@ -33,10 +42,14 @@ class LanguageModelTask(Task):
   def batch_spec(self, data_cfg: ml_collections.ConfigDict, batch_size: int,
                  split: str = "train") -> dict[str, jax.ShapeDtypeStruct]:
     """Character windows: inputs, targets, mask int32 [B, L]; L is max_length in training and
-    eval_length (when set) in evaluation."""
+    eval_length (when set) in evaluation, or with `data.eval_streams` the row length of the
+    split's size in `data.split_sizes` (a fallback corpus used instead has shorter rows)."""
     length = int(data_cfg.max_length)
     if split != "train":
       length = int(data_cfg.get("eval_length", 0) or length)
+      rows, sizes = int(data_cfg.get("eval_streams", 0) or 0), data_cfg.get("split_sizes")
+      if rows and sizes:
+        length = stream_rows(sizes[1 if split == "validation" else 2], rows)[1]
     window = jax.ShapeDtypeStruct((batch_size, length), jnp.int32)
     return eval_weights({"inputs": window, "targets": window, "mask": window}, batch_size, split)
 
@@ -68,17 +81,38 @@ class LanguageModelTask(Task):
   def objective(self, model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
     """Next-token sums; `weight` counts the scored tokens (eval `weights` multiply the mask).
 
-    A model with a memory reads each window in segments of `segment_length`, in order, from an
-    empty memory (evaluation windows are independent; see docs/recurrence.md)."""
+    A model with a memory reads each row in segments of `segment_length`, in order, from an
+    empty memory of `eval_memory_length` states carried from segment to segment (a scan; the
+    row zero-padded to a whole number of segments). A row is an evaluation window, or with
+    `data.eval_streams` a contiguous stretch of the split (docs/recurrence.md)."""
     inputs = batch["inputs"]
     seg = int(getattr(model, "segment_length", 0) or 0)
     if not seg:
       return self._sums(model(inputs, rng=rng), batch)
-    state, logits = model.init_memory(inputs.shape[0]), []
-    for start in range(0, inputs.shape[1], seg):
-      out, state, _ = model(inputs[:, start:start + seg], rng=rng, memory=state)
-      logits.append(out)
-    return self._sums(jnp.concatenate(logits, axis=1), batch)
+    if "targets" in batch:
+      targets = batch["targets"]
+      mask = batch["mask"] if "mask" in batch else targets > 0
+    else:                       # plain inputs predict themselves shifted by one
+      targets = jnp.pad(inputs[:, 1:], ((0, 0), (0, 1)))
+      mask = targets > 0
+    b, length = inputs.shape
+    count = -(-length // seg)
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, count * seg - length)))
+    split = lambda x: pad(x).reshape(b, count, seg).swapaxes(0, 1)          # [S, B, seg]
+    weights = batch["weights"] if "weights" in batch else jnp.ones((b,), jnp.float32)
+
+    def step(carry, xs):
+      state, total = carry
+      tokens, t, m = xs
+      logits, state, _ = model(tokens, rng=rng, memory=state)
+      sums = self._sums(logits, {"inputs": tokens, "targets": t, "mask": m, "weights": weights})
+      return (state, jax.tree.map(jnp.add, total, sums)), None
+
+    zero = {"loss_sum": jnp.zeros(()), "correct": jnp.zeros(()), "weight": jnp.zeros(())}
+    state = model.init_memory(b, getattr(model, "eval_memory_length", None))
+    (_, total), _ = jax.lax.scan(step, (state, zero),
+                                 (split(inputs), split(targets), split(mask.astype(jnp.int32))))
+    return total
 
   def _sums(self, logits, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     inputs = batch["inputs"]                                               # logits [B, L, V]
