@@ -253,6 +253,7 @@ def _train_config(tmp_path, **overrides):
       "model.pos_emb": "relative", "model.memory_length": 8, "model.compressed_length": 4,
       "model.compression_rate": 2, "data.streams": 8, "num_train_steps": 4,
       "model.eval_memory_length": 12, "data.eval_streams": 3,   # evaluation: 3 rows, memory 12
+      "model.dropout": 0.0,
       "checkpoint_every": 2, **overrides})
   return c
 
@@ -279,6 +280,17 @@ def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
   mem = np.asarray(full["state"]["task"]["memory"])
   assert np.asarray(full["state"]["task"]["valid"]).all() and np.abs(mem).max() > 0
   assert np.asarray(full["state"]["task"]["cvalid"]).all()
+  # Layer 0's memory holds the embedded last 8 inputs of step 4's batch (items 24..31 of the
+  # stream order; row r is window r n + 3, continuing row r): equal vectors exactly where the
+  # characters are equal.
+  from lra import tasks
+  source = tasks.get_task("enwik8").get_source(config.data, "train")
+  n = len(source) // 8
+  np.testing.assert_array_equal(source.starts[24:32], (np.arange(8) * n + 3) * 16)
+  chars = np.stack([source[24 + r]["inputs"][-8:] for r in range(8)]).reshape(-1)
+  first = mem[0].reshape(64, -1)
+  np.testing.assert_array_equal((first[:, None] == first[None]).all(-1),
+                                chars[:, None] == chars[None])
   import json
   records = [json.loads(line) for line in open(tmp_path / "full" / "metrics.jsonl")]
   assert {r["split"]: r["examples"] for r in records if r["split"] != "train"} == {
