@@ -166,7 +166,7 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.compression_rate = 1
   c.model.segment_length = 0          # evaluation segments through the memory (0: memory_length)
   c.model.eval_memory_length = 0      # evaluation memory states per layer (0: memory_length)
-  c.model.clamp_len = 0               # relative distances clamped to this (0: not clamped)
+  c.model.clamp_len = 0               # evaluation's relative distances clamped (0: not clamped)
   c.data.streams = 0                  # rows of contiguous training streams (0: shuffled windows)
   c.data.eval_streams = 0             # evaluation splits as rows of contiguous streams (0: windows)
   if memory:
@@ -194,8 +194,10 @@ def _memory_sizes(c: ml_collections.ConfigDict, memory: str, size: str) -> None:
     c.model.num_layers, c.model.emb_dim, c.model.qkv_dim = 12, 512, 512
     c.model.num_heads, c.model.mlp_dim, c.model.dropout = 8, 2048, 0.1
     c.num_train_steps, c.batch_size, c.learning_rate = 400_000, 22, 2.5e-4
-    c.data.max_length = c.model.memory_length = c.model.segment_length = 512
-    c.data.eval_length, c.data.eval_context = 4096, 4096 - 512
+    c.data.max_length = c.model.memory_length = 512
+    # Evaluated as the paper: the split as contiguous rows, segments of 80, memory 2100, clamp 820.
+    c.model.segment_length, c.model.eval_memory_length, c.model.clamp_len = 80, 2100, 820
+    c.data.eval_streams = c.eval_batch_size
   else:
     c.model.num_layers, c.model.emb_dim, c.model.qkv_dim = 24, 1024, 1024
     c.model.num_heads, c.model.mlp_dim, c.model.dropout = 8, 3072, 0.1

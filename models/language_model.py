@@ -35,7 +35,8 @@ class LanguageModel(nnx.Module):
     self.segment_length = int(cfg.get("segment_length", 0) or 0) or self.memory_length
     # Evaluation memory length (0: memory_length); no parameter depends on either.
     self.eval_memory_length = int(cfg.get("eval_memory_length", 0) or 0) or self.memory_length
-    # Relative distances in the memory path clamped to this (0: not clamped; Transformer-XL).
+    # Evaluation's relative distances clamped to this (0: not clamped; Transformer-XL's enwik8
+    # recipe trains unclamped and evaluates with clamp_len 820).
     self.clamp_len = int(cfg.get("clamp_len", 0) or 0)
     # One compression function per layer (models/memory.py), when there is a compressed memory.
     self.compress = nnx.List([
@@ -50,15 +51,16 @@ class LanguageModel(nnx.Module):
     return memory_lib.init_state(len(self.encoder.blocks), batch, self.encoder.embed.embedding
                                  .shape[-1], length, self.compressed_length)
 
-  def __call__(self, inputs: jax.Array, *, rng=None, memory=None):
+  def __call__(self, inputs: jax.Array, *, rng=None, memory=None, clamp_len: int = 0):
     """inputs `[B, L]` int32 (0 = padding) -> next-token logits `[B, L, vocab]` float32.
 
     With `memory` (a state from `init_memory` or a previous call) returns (logits, new memory,
-    attention-reconstruction loss); see models/memory.py.
+    attention-reconstruction loss), relative distances clamped to `clamp_len` (0: not; the
+    evaluation passes `self.clamp_len`); see models/memory.py.
     """
     if memory is not None:
       x, memory, recon = memory_lib.forward(self.encoder, self.compress, inputs, memory, rng=rng,
-                                            clamp_len=self.clamp_len)
+                                            clamp_len=clamp_len)
       x = x * (x.shape[-1] ** -0.5)
       return self.encoder.embed.attend(x).astype(jnp.float32), memory, recon
     x, _ = self.encoder(inputs, rng=rng)                                   # [B, L, E]

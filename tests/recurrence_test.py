@@ -236,8 +236,11 @@ def test_stream_evaluation_scores_every_character_once(size, rows):
     model = models.LanguageModel(_cfg(memory_length=3, eval_memory_length=6, segment_length=4),
                                  rngs=nnx.Rngs(0))
     batch = next(iter(pipeline.eval_batches(source, batch_size=8)))
-    sums = jax.jit(lambda b: tasks.get_task("enwik8").objective(model, b, None))(batch)
+    evaluate = lambda: jax.jit(lambda b: tasks.get_task("enwik8").objective(model, b, None))
+    sums = evaluate()(batch)
     assert float(sums["weight"]) == size - 1
+    model.clamp_len = 2                                        # the evaluation clamps distances
+    assert abs(float(evaluate()(batch)["loss_sum"] - sums["loss_sum"])) > 1e-3
 
 
 # ----------------------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ class LanguageModelTask(Task):
 
     A model with a memory reads each row in segments of `segment_length`, in order, from an
     empty memory of `eval_memory_length` states carried from segment to segment (a scan; the
-    row zero-padded to a whole number of segments). A row is an evaluation window, or with
+    row zero-padded to a whole number of segments), relative distances clamped to `clamp_len`. A row is an evaluation window, or with
     `data.eval_streams` a contiguous stretch of the split (docs/recurrence.md)."""
     inputs = batch["inputs"]
     seg = int(getattr(model, "segment_length", 0) or 0)
@@ -100,11 +100,12 @@ class LanguageModelTask(Task):
     pad = lambda x: jnp.pad(x, ((0, 0), (0, count * seg - length)))
     split = lambda x: pad(x).reshape(b, count, seg).swapaxes(0, 1)          # [S, B, seg]
     weights = batch["weights"] if "weights" in batch else jnp.ones((b,), jnp.float32)
+    clamp = int(getattr(model, "clamp_len", 0) or 0)
 
     def step(carry, xs):
       state, total = carry
       tokens, t, m = xs
-      logits, state, _ = model(tokens, rng=rng, memory=state)
+      logits, state, _ = model(tokens, rng=rng, memory=state, clamp_len=clamp)
       sums = self._sums(logits, {"inputs": tokens, "targets": t, "mask": m, "weights": weights})
       return (state, jax.tree.map(jnp.add, total, sums)), None
 
