@@ -202,14 +202,14 @@ class Axes:
     return (x0 + self._frac(x, self.xlim, self.xlog) * (x1 - x0),
             y1 - self._frac(y, self.ylim, self.ylog) * (y1 - y0))
 
-  def frame(self, title, xlabel, ylabel, xticks=None, font=None, small=None):
+  def frame(self, title, xlabel, ylabel, xticks=None, font=None, small=None, xlabel_of=None):
     d, (x0, y0, x1, y1) = self.draw, self.box
     xticks = xticks or (_log_ticks(*self.xlim) if self.xlog else _linear_ticks(*self.xlim))
     yticks = _log_ticks(*self.ylim) if self.ylog else _linear_ticks(*self.ylim)
     for t in xticks:
       px = self.xy(t, self.ylim[0])[0]
       d.line([(px, y0), (px, y1)], fill="#e6e6e6")
-      d.text((px, y1 + 6), _label(t), fill="black", font=small, anchor="mt")
+      d.text((px, y1 + 6), (xlabel_of or _label)(t), fill="black", font=small, anchor="mt")
     for t in yticks:
       py = self.xy(self.xlim[0], t)[1]
       d.line([(x0, py), (x1, py)], fill="#e6e6e6")
@@ -248,9 +248,14 @@ def _linear_ticks(lo: float, hi: float) -> list[float]:
   return [step * i for i in range(math.ceil(lo / step), math.floor(hi / step) + 1)]
 
 
-def plot_lengths(records: list[dict], path: str) -> None:
+def _length_label(v: float) -> str:
+  return f"{int(v) // 1024}K" if v >= 1024 and int(v) % 1024 == 0 else _label(v)
+
+
+def plot_lengths(records: list[dict], path: str, xticks: list[int] | None = None) -> None:
   """Two panels (steps/s, peak GB) against length, log-log, one line per kind; a kind's
-  unmeasured lengths (OOM, timeout, skipped) are listed in its legend entry."""
+  unmeasured lengths (OOM, timeout, skipped) are listed in its legend entry. `xticks`: the
+  labelled lengths (default: every length in `records`)."""
   ok = [r for r in records if r.get("status") == "ok"]
   kinds = list(dict.fromkeys(r["kind"] for r in records))
   if not ok:
@@ -266,8 +271,8 @@ def plot_lengths(records: list[dict], path: str) -> None:
     values = [r[field] for r in ok]
     ax = Axes(image, (110 + i * 560, 60, 580 + i * 560, 540), (lengths[0], lengths[-1]),
               (min(values), max(values)), True, True)
-    ax.frame(title, "sequence length (log)", ylabel + " (log)", xticks=lengths, font=font,
-             small=small)
+    ax.frame(title, "sequence length (log)", ylabel + " (log)", xticks=xticks or lengths,
+             font=font, small=small, xlabel_of=_length_label)
     for k in kinds:
       pts = sorted((r["length"], r[field]) for r in ok if r["kind"] == k)
       if pts:
