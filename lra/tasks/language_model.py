@@ -83,8 +83,9 @@ class LanguageModelTask(Task):
 
     A model with a memory reads each row in segments of `segment_length`, in order, from an
     empty memory of `eval_memory_length` states carried from segment to segment (a scan; the
-    row zero-padded to a whole number of segments), relative distances clamped to `clamp_len`. A row is an evaluation window, or with
-    `data.eval_streams` a contiguous stretch of the split (docs/recurrence.md)."""
+    row zero-padded to a whole number of segments), relative distances clamped to `clamp_len`.
+    A row is an evaluation window, or with `data.eval_streams` a contiguous stretch of the split
+    (docs/recurrence.md)."""
     inputs = batch["inputs"]
     seg = int(getattr(model, "segment_length", 0) or 0)
     if not seg:
