@@ -5,10 +5,12 @@ import ml_collections
 import pytest
 
 import attention
-from configs import common, listops
+import configs
+from configs import common, listops, validate
+from lra import phases
 
 
-@pytest.mark.parametrize("size", ["base", "small"])
+@pytest.mark.parametrize("size", listops.SIZES)
 @pytest.mark.parametrize("kind", sorted(attention.REGISTRY))
 def test_every_kind_and_size_builds(kind, size):
   c = listops.get_config(f"attention={kind},size={size}")
@@ -33,6 +35,25 @@ def test_small_is_sized_for_a_cpu():
   assert small.data.max_length < base.data.max_length
   assert small.data.gen_max_length <= small.data.max_length + 1
   assert small.model.emb_dim < base.model.emb_dim
+
+
+def test_cpu_size_resolves_validates_and_ends_at_the_lra_length():
+  c = configs.build_config("listops", size="cpu")
+  validate.check(c)
+  staged = [phases.phase_config(c, k) for k in range(len(c.phases))]
+  for k, p in enumerate(staged):
+    validate.check(p, context=f"config.phases[{k}] gives ")
+  base = listops.data_config()
+  assert c.model.attention.kind == "band" and c.model.pool == "cls"
+  assert c.model.pos_emb == "sinusoidal"   # no parameter depends on the length
+  # the LRA data and evaluation length: trees of 500-2,000 tokens, 2,000 test trees
+  for key in ("max_length", "gen_min_length", "gen_max_length", "num_test"):
+    assert c.data[key] == base[key]
+  assert staged[-1].data.max_length == base.max_length
+  # the short phase sees every token the CLS output depends on (layers x one-sided window)
+  receptive = c.model.num_layers * c.model.attention.window
+  assert all(p.data.max_length > receptive for p in staged)
+  assert sum(p["steps"] for p in c.phases) == c.num_train_steps
 
 
 def test_window_argument_reaches_band():
