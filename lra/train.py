@@ -211,12 +211,18 @@ class Trainer:
     seed = int(config.seed)
     task = self.task
 
-    def build():
-      return nnx.split(task.build_model(cfg, nnx.Rngs(seed)), nnx.Param, ...)
+    graphdefs = []
 
-    self._build = build
-    graphdef, abs_params, abs_rest = nnx.eval_shape(build)
-    self.graphdef = graphdef
+    def init_arrays():
+      graphdef, params, rest = nnx.split(task.build_model(cfg, nnx.Rngs(seed)), nnx.Param, ...)
+      graphdefs.append(graphdef)   # at trace time
+      return params, rest
+
+    # One function object for the abstract shapes here and the jitted initialisation in
+    # `allocate`: jax caches its trace by function, so the model is constructed once.
+    self._init_arrays = init_arrays
+    abs_params, abs_rest = jax.eval_shape(init_arrays)
+    graphdef = self.graphdef = graphdefs[0]
     self.param_sh = mesh_lib.state_shardings(abs_params, self.mesh, self.rules)
     self.rest_sh = mesh_lib.state_shardings(abs_rest, self.mesh, self.rules)
     abs_params = _with_shardings(abs_params, self.param_sh)
@@ -282,8 +288,7 @@ class Trainer:
   def allocate(self) -> "Trainer":
     """Creates the parameters, the rest of the model's state and the optimizer state (`state`);
     returns the trainer."""
-    build = self._build
-    self.params, self.rest = jax.jit(lambda: build()[1:],
+    self.params, self.rest = jax.jit(self._init_arrays,
                                      out_shardings=(self.param_sh, self.rest_sh))()
     opt = jax.jit(self.tx.init, out_shardings=self.opt_sh)(self.params)
     step = jax.device_put(jnp.zeros((), jnp.int32), self.state_sh["step"])
