@@ -247,7 +247,7 @@ def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:
     print(f"memory{label}:")
     print("\n".join(preflight.memory_lines(report)))
     source = lambda p: "loaded from the cache" if p.cache_hit else "compiled"  # noqa: E731
-    print(f"compile{label}: {report.compile_seconds:.2f} s (train step "
+    print(f"compile{label}: {report.compile_seconds:.2f} s, programs side by side (train step "
           f"{report.train.compile_seconds:.2f} s {source(report.train)}, eval step "
           f"{report.eval.compile_seconds:.2f} s {source(report.eval)})")
     if not report.fits:

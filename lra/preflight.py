@@ -34,6 +34,7 @@ import functools
 import math
 import os
 import re
+import threading
 import time
 from typing import Any, Iterator
 
@@ -134,10 +135,22 @@ class Program:
 
   @classmethod
   def compile(cls, name: str, jitted, *args) -> "Program":
-    hits = _CacheHits()
+    return cls.start(name, jitted, *args).result()
+
+  @classmethod
+  def start(cls, name: str, jitted, *args) -> "_Compiling":
+    """Lowers `jitted` for `args` here and compiles it in a background thread (XLA compiles,
+    and loads from the persistent cache, without holding Python's lock, so the next program
+    can be traced meanwhile); `.result()` waits for the Program."""
     t0 = time.perf_counter()
+    lowered = jitted.lower(*args)
+    return _Compiling(lambda: cls._from_lowered(name, lowered, t0))
+
+  @classmethod
+  def _from_lowered(cls, name: str, lowered, t0: float) -> "Program":
+    hits = _CacheHits()
     with hits:
-      compiled = jitted.lower(*args).compile()
+      compiled = lowered.compile()
     seconds = time.perf_counter() - t0
     m = compiled.memory_analysis()
     program = cls(name, int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
@@ -167,11 +180,16 @@ class Program:
     return max(self.buffers.values(), key=lambda b: b[2], default=("", (), 0))
 
   def _library_scratch(self) -> int:
-    largest = 0
-    for operands in _LIBRARY_FUSION.findall(self.compiled.as_text()):
-      for operand in operands.split(","):
-        largest = max(largest, self.buffers.get(operand.strip().lstrip("%"), ("", (), 0))[2])
-    return largest
+    # Only the library fusions' operands are sized: parsing every definition of a large program
+    # (`buffers`) costs about 0.1 s, on every start.
+    text = self.compiled.as_text()
+    operands = {o.strip().lstrip("%") for group in _LIBRARY_FUSION.findall(text)
+                for o in group.split(",")}
+    if not operands:
+      return 0
+    return max((math.prod(int(d) for d in dims.split(",") if d) * _ITEMSIZE[dtype]
+                for name, dtype, dims in _DEFINITION.findall(text)
+                if name in operands and dtype in _ITEMSIZE), default=0)
 
 
 _DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[([\d,]*)\]", re.M)
@@ -180,30 +198,54 @@ _ITEMSIZE = {"f64": 8, "s64": 8, "u64": 8, "c64": 8, "f32": 4, "s32": 4, "u32": 
              "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
 
 
-class _CacheHits:
-  """Counts persistent-cache hits while active (JAX's monitoring events)."""
+class _Compiling:
+  """A compilation running in a daemon thread (an interrupted run does not wait for it)."""
 
-  listening = None
+  def __init__(self, fn):
+    self._out: list = []
+    self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+    self._thread.start()
+
+  def _run(self, fn) -> None:
+    try:
+      self._out.append((True, fn()))
+    except BaseException as e:   # raised again in the caller's thread by result()
+      self._out.append((False, e))
+
+  def result(self):
+    self._thread.join()
+    ok, value = self._out[0]
+    if not ok:
+      raise value
+    return value
+
+
+class _CacheHits:
+  """Counts persistent-cache hits while active in this thread (JAX's monitoring events fire in
+  the thread that compiles)."""
+
+  listening: dict[int, "_CacheHits"] = {}
 
   def __init__(self):
     self.count = 0
 
   def __enter__(self):
-    _CacheHits.listening = self
+    _CacheHits.listening[threading.get_ident()] = self
     if not getattr(_CacheHits, "_registered", False):
       jax.monitoring.register_event_listener(_CacheHits._event)
       _CacheHits._registered = True
     return self
 
   def __exit__(self, *exc):
-    _CacheHits.listening = None
+    _CacheHits.listening.pop(threading.get_ident(), None)
     return False
 
   @staticmethod
   def _event(name: str, **kwargs) -> None:
     del kwargs
-    if name == "/jax/compilation_cache/cache_hits" and _CacheHits.listening is not None:
-      _CacheHits.listening.count += 1
+    hits = _CacheHits.listening.get(threading.get_ident())
+    if name == "/jax/compilation_cache/cache_hits" and hits is not None:
+      hits.count += 1
 
 
 def nbytes_per_device(tree: Any) -> int:
@@ -235,6 +277,7 @@ class Report:
   state_bytes: int                  # params + optimizer state + step, per device
   available: int | None
   available_source: str
+  compile_seconds: float = 0.0      # wall time to lower and compile every program, overlapped
 
   @property
   def train_peak(self) -> int:
@@ -254,10 +297,6 @@ class Report:
   @property
   def fits(self) -> bool:
     return self.available is None or self.peak <= self.available
-
-  @property
-  def compile_seconds(self) -> float:
-    return self.train.compile_seconds + self.eval.compile_seconds
 
   @property
   def param_count(self) -> int:
@@ -367,16 +406,23 @@ def check(config: ml_collections.ConfigDict) -> Report:
   state = trainer.abstract_state()
   train_batch = abstract_batch(task, config.data, int(config.batch_size), mesh, "train")
   eval_batch = abstract_batch(task, config.data, int(config.eval_batch_size), mesh, "test")
-  train_program = Program.compile("train step", trainer.train_step, state, train_batch, rest)
-  eval_program = Program.compile("eval step", trainer.eval_step, state["params"], eval_batch,
-                                 rest)
+  # Each program is lowered here and compiled in its own thread, overlapping the next one's
+  # tracing; the initialisers `Trainer.allocate` runs are compiled too (kept by their jits).
+  t0 = time.perf_counter()
+  compiling = [Program.start("train step", trainer.train_step, state, train_batch, rest),
+               Program.start("eval step", trainer.eval_step, state["params"], eval_batch, rest)]
+  compiling += [_Compiling(jitted.lower(*args).compile) for jitted, args in trainer.initialisers()]
+  train_program, eval_program = (c.result() for c in compiling[:2])
+  for c in compiling[2:]:
+    c.result()
+  seconds = time.perf_counter() - t0
   available, source = available_memory(list(mesh.devices.flat))
   if available is not None and jax.process_count() > 1:   # every process takes one decision
     from jax.experimental import multihost_utils   # (in MiB: jax arrays are 32-bit by default)
     mib = multihost_utils.process_allgather(np.int32(min(available >> 20, 2**31 - 1)))
     available = int(np.min(mib)) << 20
   return Report(config, trainer, train_program, eval_program, nbytes_per_device(state),
-                available, source)
+                available, source, seconds)
 
 
 def sharding_table(report: Report) -> list[str]:

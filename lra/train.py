@@ -241,6 +241,11 @@ class Trainer:
     if abs_task is not None:
       self.state_sh["task"] = jax.tree.map(lambda _: repl, abs_task)
       self._abstract_state["task"] = _with_shardings(abs_task, self.state_sh["task"])
+    # What `allocate` runs: one jit each, so that what a preflight compiled is reused.
+    self._init_jit = jax.jit(init_arrays, out_shardings=(self.param_sh, self.rest_sh))
+    self._opt_init_jit = jax.jit(self.tx.init, out_shardings=self.opt_sh)
+    if "task" in self.state_sh:
+      self._task_init_jit = jax.jit(self._init_task_state, out_shardings=self.state_sh["task"])
     traces = self._traces = [0]   # shared with a Trainer that adopts this plan
     objective = task.objective
     base_key = jax.random.key(seed + 1)
@@ -288,14 +293,21 @@ class Trainer:
   def allocate(self) -> "Trainer":
     """Creates the parameters, the rest of the model's state and the optimizer state (`state`);
     returns the trainer."""
-    self.params, self.rest = jax.jit(self._init_arrays,
-                                     out_shardings=(self.param_sh, self.rest_sh))()
-    opt = jax.jit(self.tx.init, out_shardings=self.opt_sh)(self.params)
-    step = jax.device_put(jnp.zeros((), jnp.int32), self.state_sh["step"])
+    self.params, self.rest = self._init_jit()
+    opt = self._opt_init_jit(self.params)
+    step = jax.device_put(np.zeros((), np.int32), self.state_sh["step"])
     self.state = {"params": self.params, "opt": opt, "step": step}
     if "task" in self.state_sh:
-      self.state["task"] = jax.jit(self._init_task_state, out_shardings=self.state_sh["task"])()
+      self.state["task"] = self._task_init_jit()
     return self
+
+  def initialisers(self) -> list[tuple[Any, tuple]]:
+    """The jitted functions `allocate` calls, with abstract arguments: a preflight compiles
+    them beside the steps, and `allocate` then runs what they compiled."""
+    out = [(self._init_jit, ()), (self._opt_init_jit, (self._abstract_state["params"],))]
+    if "task" in self.state_sh:
+      out.append((self._task_init_jit, ()))
+    return out
 
   @property
   def traces(self) -> int:

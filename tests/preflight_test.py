@@ -113,7 +113,8 @@ def test_dry_run_of_a_base_config_field_by_field(tmp_path, monkeypatch, capsys):
   assert rows["train"][3] == pytest.approx(66.08 / 2, rel=0.01)   # half the batch per device
   memory = next(l for l in lines if l.startswith("  estimate "))
   assert float(GB_FIGURE.search(memory).group(1)) == pytest.approx(estimate, abs=0.002)
-  assert re.fullmatch(r"[\d.]+ s \(train step [\d.]+ s (compiled|loaded from the cache), "
+  assert re.fullmatch(r"[\d.]+ s, programs side by side \("
+                      r"train step [\d.]+ s (compiled|loaded from the cache), "
                       r"eval step [\d.]+ s (compiled|loaded from the cache)\)", field["compile"])
   # 33 GB per device does not fit half of this machine: the verdict, and exit status 2.
   if mem_available() / 2 < estimate * 1e9:
@@ -203,7 +204,14 @@ def test_the_run_reuses_the_preflights_compiled_steps():
       ("eval_batch_size", "32"), ("seed", "5")])
   with later.unlocked():
     later.init_from = "/elsewhere"              # initial values only: the same steps
-  trainer = train.Trainer(later)
+  compiles = []
+  listener = lambda name, secs, **kw: compiles.append(name)  # noqa: E731
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    trainer = train.Trainer(later)   # allocates with the initialisers the preflight compiled
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert "/jax/core/compile/backend_compile_duration" not in compiles
   assert trainer.train_step is report.trainer.train_step and trainer.traces == 1
   spec = trainer.task.batch_spec(config.data, 16, "train")
   batch = mesh_lib.global_batch({k: np.ones(v.shape, v.dtype) for k, v in spec.items()},
