@@ -278,6 +278,7 @@ class Report:
   available: int | None
   available_source: str
   compile_seconds: float = 0.0      # wall time to lower and compile every program, overlapped
+  _variants: dict = dataclasses.field(default_factory=dict, repr=False)   # see variant_peak
 
   @property
   def train_peak(self) -> int:
@@ -326,38 +327,51 @@ class Report:
   def variant_peak(self, field: str, value: Any) -> int:
     """The estimate with `config.<field> = value` (its train step compiled again; the eval
     step's estimate is kept)."""
-    config = copy.deepcopy(self.config)
-    with config.unlocked():
-      target, _, name = field.rpartition(".")
-      (config if not target else config[target] if "." not in target else
-       config[target.split(".")[0]][target.split(".")[1]])[name] = value
-    trainer = train_lib.Trainer.abstract(config)
-    batch = abstract_batch(trainer.task, config.data, int(config.batch_size), trainer.mesh,
-                           "train")
-    program = Program.compile("train step", trainer.train_step, trainer.abstract_state(), batch,
-                              trainer.abstract_rest)
-    return max(program.peak, self.eval_peak)
+    return max(self._variant(field, value).result().peak, self.eval_peak)
+
+  def _variant(self, field: str, value: Any) -> "_Compiling":
+    """The train step of the variant, compiling in the background (started once)."""
+    if (field, value) not in self._variants:
+      config = copy.deepcopy(self.config)
+      with config.unlocked():
+        target, _, name = field.rpartition(".")
+        (config if not target else config[target] if "." not in target else
+         config[target.split(".")[0]][target.split(".")[1]])[name] = value
+      trainer = train_lib.Trainer.abstract(config)
+      batch = abstract_batch(trainer.task, config.data, int(config.batch_size), trainer.mesh,
+                             "train")
+      self._variants[field, value] = Program.start(
+          "train step", trainer.train_step, trainer.abstract_state(), batch,
+          trainer.abstract_rest)
+    return self._variants[field, value]
+
+  def _remat_applies(self) -> bool:
+    return self.config.get("remat", "none") == "none" and self.train_peak > self.eval_peak
+
+  def _flash_applies(self) -> bool:
+    model = self.config.model
+    return (model.attention.kind == "dot_product" and not model.get("layer_attention")
+            and model.get("pos_emb") != "relative" and self.train_peak > self.eval_peak)
 
   def remat_peak(self) -> int | None:
     """The estimate with `--config.remat=block`, or None when the config already
     rematerialises or the eval step is the bigger program."""
-    if self.config.get("remat", "none") != "none" or self.eval_peak >= self.train_peak:
-      return None
-    return self.variant_peak("remat", "block")
+    return self.variant_peak("remat", "block") if self._remat_applies() else None
 
   def flash_peak(self) -> int | None:
     """The estimate with the exact memory-efficient kind instead of dense attention (the train
     step only), or None when the config is not dense or uses positions flash does not have
     (relative)."""
-    if self.config.model.attention.kind != "dot_product" or self.config.model.get(
-        "layer_attention") or self.config.model.get("pos_emb") == "relative" \
-        or self.eval_peak >= self.train_peak:
-      return None
-    return self.variant_peak("model.attention.kind", "flash")
+    return (self.variant_peak("model.attention.kind", "flash") if self._flash_applies()
+            else None)
 
   def ways_out(self) -> list[str]:
     """Concrete changes that make the run smaller, each with its estimate where it can say."""
     c, out = self.config, []
+    if self._flash_applies():     # both variants compile side by side
+      self._variant("model.attention.kind", "flash")
+    if self._remat_applies():
+      self._variant("remat", "block")
     arg = dict(p.split("=", 1) for p in c.get("config_arg", "").split(",") if "=" in p)
     if arg.get("size") == "base":
       out.append("--size small")
