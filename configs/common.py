@@ -258,14 +258,14 @@ EXACT_COPIES = ("flash",)
 
 
 def lra_sweep(add: Callable[..., None], *, skip: tuple[str, ...] = (),
-              seeds: tuple[int, ...] = (0, 1, 2)) -> None:
-  """The LRA comparison: every attention kind (but `skip` and `EXACT_COPIES`) at size base, one
+              seeds: tuple[int, ...] = (0, 1, 2), size: str = "base") -> None:
+  """The LRA comparison: every attention kind (but `skip` and `EXACT_COPIES`) at `size`, one
   run per seed."""
   for name in kinds.names():
     if name in skip or name in EXACT_COPIES:
       continue
     for seed in seeds:
-      add(config_arg=f"attention={name},size=base", seed=seed)
+      add(config_arg=f"attention={name},size={size}", seed=seed)
 
 
 # ---- Self-pretraining (`config.protocol`; lra/tasks/pretraining.py, docs/pretraining.md) ----

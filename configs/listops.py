@@ -31,7 +31,9 @@ sources: docs/training.md.
 Sweeps (docs/launch.md): `lra sweep listops --workdir DIR` runs `sweep` (every attention kind at
 size base, seeds 0-2); `lra sweep listops --sweep kinds_small --workdir DIR --parallel 2` runs
 `sweep_kinds_small` (dense and band at size small, two seeds, 200 steps each; 92 s on 2 shared
-cores, test accuracy 0.33-0.34 for all four), and `lra results DIR --lra` tabulates either.
+cores, test accuracy 0.33-0.34 for all four); `--sweep every_kind_small` runs every attention
+kind at size small, seeds 0 and 1 (22 runs, about 25 min with `--parallel 2`; the accuracy axis
+of docs/efficiency.md's speed-vs-accuracy plot); `lra results DIR --lra` tabulates any of them.
 """
 
 from __future__ import annotations
@@ -98,6 +100,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def sweep(add) -> None:
   """The LRA comparison: every attention kind on ListOps base, three seeds."""
   common.lra_sweep(add)
+
+
+def sweep_every_kind_small(add) -> None:
+  """Every attention kind at size small, seeds 0 and 1 (`lra sweep listops --sweep
+  every_kind_small --workdir DIR --parallel 2`; about half an hour on a 2-core CPU): the accuracy
+  axis of the speed-vs-accuracy plot in docs/efficiency.md."""
+  common.lra_sweep(add, size="small", seeds=(0, 1))
 
 
 def sweep_kinds_small(add) -> None:

@@ -237,7 +237,7 @@ def test_repeated_points_and_unknown_fields_fail_before_anything_runs(tmp_path, 
                    "--config.seed=3"]) == 2
   assert "sweep point 2" in capsys.readouterr().err
   assert cli.main(["sweep", "listops", "--sweep", "nope", "--workdir", str(workdir)]) == 2
-  assert "its sweeps: default, kinds_small, twice, typo." in capsys.readouterr().err
+  assert "its sweeps: default, every_kind_small, kinds_small, twice, typo." in capsys.readouterr().err
   for flags, message in (
       (["--runner", "tpu"], "error: the TPU launcher needs --tpu NAME and --zone ZONE.\n"),
       (["--runner", "slurm", "--nodes", "0", "--gpus-per-node", "1"],
