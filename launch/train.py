@@ -189,11 +189,11 @@ def _configs_to_check(config: ml_collections.ConfigDict, workdir: str
           if phases.finished_results(storage.join(workdir, f"phase{k + 1}")) is None]
 
 
-def _preflight(config: ml_collections.ConfigDict):
+def _preflight(config: ml_collections.ConfigDict, initialisers: bool = False):
   """`lra.preflight.check(config)`, or the one line saying why it could not be done."""
   from lra import preflight
   try:
-    return preflight.check(config)
+    return preflight.check(config, initialisers=initialisers)
   except ValueError as e:   # what needs the devices, such as a batch the mesh cannot split
     return f"{e}"
   except KeyboardInterrupt:
@@ -207,7 +207,7 @@ def _preflight(config: ml_collections.ConfigDict):
 def run_preflight(config: ml_collections.ConfigDict, workdir: str) -> int:
   """Checks that the run (each unfinished phase) fits; 0, or 2 after one `error:` line."""
   for label, c in _configs_to_check(config, workdir):
-    report = _preflight(c)
+    report = _preflight(c, initialisers=True)   # the run allocates with what it compiles
     if isinstance(report, str):
       print(f"error: {report}", file=sys.stderr)
       return 130 if report.startswith("interrupted") else 2
@@ -234,7 +234,7 @@ def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:
     print(line)
   status = 0
   for label, c in _configs_to_check(config, workdir):
-    report = _preflight(c)
+    report = _preflight(c, initialisers=bool(steps))   # timed steps allocate the state
     if isinstance(report, str):
       print(f"error: {report}", file=sys.stderr)
       return 2

@@ -412,8 +412,11 @@ class Report:
             f"--no_preflight to run anyway.")
 
 
-def check(config: ml_collections.ConfigDict) -> Report:
-  """Compiles `config`'s train and eval steps on abstract inputs and reports their memory."""
+def check(config: ml_collections.ConfigDict, *, initialisers: bool = False) -> Report:
+  """Compiles `config`'s train and eval steps on abstract inputs and reports their memory.
+
+  `initialisers`: a run follows, so compile the state's initialisers too (side by side with
+  the steps; waited for only when the config fits), for `Trainer.allocate` to reuse."""
   mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
   trainer = train_lib.Trainer.abstract(config)
   task, mesh, rest = trainer.task, trainer.mesh, trainer.abstract_rest
@@ -425,18 +428,23 @@ def check(config: ml_collections.ConfigDict) -> Report:
   t0 = time.perf_counter()
   compiling = [Program.start("train step", trainer.train_step, state, train_batch, rest),
                Program.start("eval step", trainer.eval_step, state["params"], eval_batch, rest)]
-  compiling += [_Compiling(jitted.lower(*args).compile) for jitted, args in trainer.initialisers()]
+  if initialisers:
+    compiling += [_Compiling(jitted.lower(*args).compile)
+                  for jitted, args in trainer.initialisers()]
   train_program, eval_program = (c.result() for c in compiling[:2])
-  for c in compiling[2:]:
-    c.result()
   seconds = time.perf_counter() - t0
   available, source = available_memory(list(mesh.devices.flat))
   if available is not None and jax.process_count() > 1:   # every process takes one decision
     from jax.experimental import multihost_utils   # (in MiB: jax arrays are 32-bit by default)
     mib = multihost_utils.process_allgather(np.int32(min(available >> 20, 2**31 - 1)))
     available = int(np.min(mib)) << 20
-  return Report(config, trainer, train_program, eval_program, nbytes_per_device(state),
-                available, source, seconds)
+  report = Report(config, trainer, train_program, eval_program, nbytes_per_device(state),
+                  available, source, seconds)
+  if report.fits:
+    for c in compiling[2:]:
+      c.result()
+    report.compile_seconds = time.perf_counter() - t0
+  return report
 
 
 def sharding_table(report: Report) -> list[str]:

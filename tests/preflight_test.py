@@ -197,7 +197,7 @@ def test_the_run_loads_the_preflights_program_and_the_cache_is_restored(tmp_path
 def test_the_run_reuses_the_preflights_compiled_steps():
   """Without any cache: the run's trainer adopts the preflight's plan and never retraces."""
   config = small_config(seed=5)
-  report = preflight.check(config)
+  report = preflight.check(config, initialisers=True)
   report.trainer.keep()
   later = configs.build_config("listops", size="small", overrides=[
       ("data.max_length", "32"), ("model.num_layers", "1"), ("batch_size", "16"),
