@@ -16,7 +16,7 @@ abstract inputs and stops a run that cannot fit the devices' memory with one lin
 status 2 (`--no_preflight` skips it). `--dry_run` prints what a run would be (the config's
 difference from the task's default, mesh and shardings, parameter count, memory per device,
 compile time; `--dry_run=steps:N` adds the time of N steps on random batches) and writes
-nothing. Compiled programs are kept in JAX's persistent cache (`lra.preflight.cache_directory`,
+nothing. Compiled programs are kept in JAX's persistent cache (`lra.compiling.cache_directory`,
 off with `--no_compile_cache`), so the run reuses the preflight's compilation.
 """
 
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   workdir = args.workdir or default_workdir(args.task, config)
-  from lra import preflight, train  # heavy imports only once the arguments are valid
+  from lra import compiling, train  # heavy imports only once the arguments are valid
   from lra.data import archives
   task = tasks_lib.get_task(config.task)
   try:  # names and combinations, then the preflight, then the data: all before the run
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  with preflight.compile_cache(not getattr(args, "no_compile_cache", False)):
+  with compiling.compile_cache(not getattr(args, "no_compile_cache", False)):
     if dry_steps is not None:
       return dry_run(config, workdir, dry_steps)
     if not getattr(args, "no_preflight", False):

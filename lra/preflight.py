@@ -19,8 +19,8 @@ figures, the largest buffer it can name in the compiled program (for example a d
 attention scores, batch x heads x L x L x 4 bytes) and concrete ways out.
 
 The run does not compile again: `Trainer.keep()` hands the preflight's traced and compiled steps
-to the run's `Trainer(config)`. Across runs, `compile_cache()` turns on JAX's persistent
-compilation cache in the user's cache folder (`$XDG_CACHE_HOME/lra/jax`, else
+to the run's `Trainer(config)`. Across runs, `lra.compiling.compile_cache()` turns on JAX's
+persistent compilation cache in the user's cache folder (`$XDG_CACHE_HOME/lra/jax`, else
 `~/.cache/lra/jax`) with no minimum compile time or entry size, so a rerun, a resume or another
 run of the same config loads every program instead of compiling it.
 """
@@ -28,22 +28,19 @@ run of the same config loads every program instead of compiling it.
 from __future__ import annotations
 
 import copy
-import contextlib
 import dataclasses
 import functools
 import math
-import os
 import re
-import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
-from jax.experimental.compilation_cache import compilation_cache
 
 from lra import mesh as mesh_lib
+from lra.compiling import CacheHits, Compiling
 from lra import train as train_lib
 
 GB = 1e9
@@ -51,46 +48,6 @@ GB = 1e9
 LINEAR_KINDS = ("band", "favor", "linear", "linformer")
 # Kinds that materialise every (query, key) score: a linear-cost kind is suggested instead.
 QUADRATIC_KINDS = ("dot_product", "synthesizer")
-_CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-                  "jax_persistent_cache_min_entry_size_bytes")
-
-
-def cache_directory() -> str:
-  """Where compiled programs are kept: `$XDG_CACHE_HOME/lra/jax`, else `~/.cache/lra/jax`."""
-  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, "lra", "jax")
-
-
-@contextlib.contextmanager
-def compile_cache(enabled: bool = True, directory: str | None = None) -> Iterator[str | None]:
-  """JAX's persistent compilation cache in `directory` (default `cache_directory()`, or the
-  folder JAX was already given) for the duration of the block, every program cached however
-  small or fast to compile; yields the folder, or None when disabled or not writable. The
-  previous settings are restored afterwards (callers in the same process are unaffected)."""
-  if not enabled:
-    yield None
-    return
-  before = {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
-  path = before["jax_compilation_cache_dir"] or directory or cache_directory()
-  try:
-    os.makedirs(path, exist_ok=True)
-  except OSError as e:
-    print(f"WARNING: no compile cache ({path}: {e.strerror}); every program is compiled.",
-          flush=True)
-    yield None
-    return
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-  compilation_cache.reset_cache()   # JAX opens its cache once per process: open it here
-  try:
-    yield path
-  finally:
-    for name, value in before.items():
-      jax.config.update(name, value)
-    compilation_cache.reset_cache()
-
-
 def available_memory(devices) -> tuple[int | None, str]:
   """(bytes free per device, where the figure comes from); (None, why) when unknown."""
   device = devices[0]
@@ -138,17 +95,17 @@ class Program:
     return cls.start(name, jitted, *args).result()
 
   @classmethod
-  def start(cls, name: str, jitted, *args) -> "_Compiling":
+  def start(cls, name: str, jitted, *args) -> "Compiling":
     """Lowers `jitted` for `args` here and compiles it in a background thread (XLA compiles,
     and loads from the persistent cache, without holding Python's lock, so the next program
     can be traced meanwhile); `.result()` waits for the Program."""
     t0 = time.perf_counter()
     lowered = jitted.lower(*args)
-    return _Compiling(lambda: cls._from_lowered(name, lowered, t0))
+    return Compiling(lambda: cls._from_lowered(name, lowered, t0))
 
   @classmethod
   def _from_lowered(cls, name: str, lowered, t0: float) -> "Program":
-    hits = _CacheHits()
+    hits = CacheHits()
     with hits:
       compiled = lowered.compile()
     seconds = time.perf_counter() - t0
@@ -196,56 +153,6 @@ _DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[([\d,]*)\]", re.M
 _LIBRARY_FUSION = re.compile(r" fusion\(([^)]*)\).*\"kind\":\"__[xy]nn_fusion\"")
 _ITEMSIZE = {"f64": 8, "s64": 8, "u64": 8, "c64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2,
              "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
-
-
-class _Compiling:
-  """A compilation running in a daemon thread (an interrupted run does not wait for it)."""
-
-  def __init__(self, fn):
-    self._out: list = []
-    self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-    self._thread.start()
-
-  def _run(self, fn) -> None:
-    try:
-      self._out.append((True, fn()))
-    except BaseException as e:   # raised again in the caller's thread by result()
-      self._out.append((False, e))
-
-  def result(self):
-    self._thread.join()
-    ok, value = self._out[0]
-    if not ok:
-      raise value
-    return value
-
-
-class _CacheHits:
-  """Counts persistent-cache hits while active in this thread (JAX's monitoring events fire in
-  the thread that compiles)."""
-
-  listening: dict[int, "_CacheHits"] = {}
-
-  def __init__(self):
-    self.count = 0
-
-  def __enter__(self):
-    _CacheHits.listening[threading.get_ident()] = self
-    if not getattr(_CacheHits, "_registered", False):
-      jax.monitoring.register_event_listener(_CacheHits._event)
-      _CacheHits._registered = True
-    return self
-
-  def __exit__(self, *exc):
-    _CacheHits.listening.pop(threading.get_ident(), None)
-    return False
-
-  @staticmethod
-  def _event(name: str, **kwargs) -> None:
-    del kwargs
-    hits = _CacheHits.listening.get(threading.get_ident())
-    if name == "/jax/compilation_cache/cache_hits" and hits is not None:
-      hits.count += 1
 
 
 def nbytes_per_device(tree: Any) -> int:
@@ -329,7 +236,7 @@ class Report:
     step's estimate is kept)."""
     return max(self._variant(field, value).result().peak, self.eval_peak)
 
-  def _variant(self, field: str, value: Any) -> "_Compiling":
+  def _variant(self, field: str, value: Any) -> "Compiling":
     """The train step of the variant, compiling in the background (started once)."""
     if (field, value) not in self._variants:
       config = copy.deepcopy(self.config)
@@ -429,7 +336,7 @@ def check(config: ml_collections.ConfigDict, *, initialisers: bool = False) -> R
   compiling = [Program.start("train step", trainer.train_step, state, train_batch, rest),
                Program.start("eval step", trainer.eval_step, state["params"], eval_batch, rest)]
   if initialisers:
-    compiling += [_Compiling(jitted.lower(*args).compile)
+    compiling += [Compiling(jitted.lower(*args).compile)
                   for jitted, args in trainer.initialisers()]
   train_program, eval_program = (c.result() for c in compiling[:2])
   seconds = time.perf_counter() - t0

@@ -13,7 +13,7 @@ import pytest
 
 import configs
 from launch import cli
-from lra import mesh as mesh_lib, preflight, tasks, train
+from lra import compiling, mesh as mesh_lib, preflight, tasks, train
 from lra.data import pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,7 +174,7 @@ def test_batch_spec_of_the_other_families(name, size):
 def test_the_run_loads_the_preflights_program_and_the_cache_is_restored(tmp_path):
   config = small_config()
   before = jax.config.jax_compilation_cache_dir
-  with preflight.compile_cache(directory=str(tmp_path / "cache")) as path:
+  with compiling.compile_cache(directory=str(tmp_path / "cache")) as path:
     assert path == str(tmp_path / "cache")
     first = preflight.check(config)
     assert not first.train.cache_hit and first.fits
@@ -186,7 +186,7 @@ def test_the_run_loads_the_preflights_program_and_the_cache_is_restored(tmp_path
     spec = trainer.task.batch_spec(config.data, 16, "train")
     batch = mesh_lib.global_batch({k: np.ones(v.shape, v.dtype) for k, v in spec.items()},
                                   trainer.mesh)
-    hits = preflight._CacheHits()
+    hits = compiling.CacheHits()
     with hits:
       jax.block_until_ready(trainer.train_step(trainer.state, batch, trainer.rest))
     assert hits.count == 1
@@ -253,14 +253,14 @@ def test_a_batch_the_mesh_cannot_split_is_refused_by_the_preflight(tmp_path, cap
 
 def test_cache_directory_follows_xdg(monkeypatch, tmp_path):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-  assert preflight.cache_directory() == os.path.join(str(tmp_path), "lra", "jax")
+  assert compiling.cache_directory() == os.path.join(str(tmp_path), "lra", "jax")
   monkeypatch.delenv("XDG_CACHE_HOME")
-  assert preflight.cache_directory() == os.path.expanduser(os.path.join("~", ".cache", "lra",
+  assert compiling.cache_directory() == os.path.expanduser(os.path.join("~", ".cache", "lra",
                                                                         "jax"))
 
 
 def test_no_compile_cache_leaves_jax_alone():
-  with preflight.compile_cache(False) as path:
+  with compiling.compile_cache(False) as path:
     assert path is None and jax.config.jax_compilation_cache_dir is None
 
 
