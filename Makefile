@@ -24,8 +24,10 @@ demo: $(STAMP)
 bench-demo: $(STAMP)
 	$(VENV)/bin/python benchmarks/attention.py --demo
 
+# The suite on up to 4 cores (pytest-xdist), one test file per worker: a file's tests share its
+# fixtures (trained runs, generated data) and run in order.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile tests
 
 # Benchmarks against PyTorch and Hugging Face need the `bench` extra, kept in its own venv.
 $(BENCH_STAMP): setup.py
