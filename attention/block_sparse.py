@@ -14,6 +14,10 @@ static (known at trace time), so the work is planned once, in numpy
     step's scores stay in cache; a fine mask applies padding slots, key padding and the
     sequence end, the causal diagonal, and an optional token predicate of the pattern fronts
     (`attention.sparse_patterns`);
+  * when one row's scores alone fill a scan step (BigBird and the sparse patterns at LRA sizes),
+    the bucket is streamed instead: one row per step, its key blocks read by dynamic slices at
+    the planned block indices and their gradients added into a key-sized accumulator, so the
+    assembled `[rows, K * block]` keys and values and the one-hot matmul are never formed;
   * the softmax core has a hand-written backward pass (flash-style: recompute the scores from
     the saved log-sum-exp), so probabilities are never stored between forward and backward.
 
@@ -150,22 +154,46 @@ def _slice_rows(start, chunk, *xs):
   return [jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=0) for x in xs]
 
 
+def _chunk_forward(qc, kc, vc, allowed):
+  """Softmax attention of one scan step's rows: (out, lse), f32."""
+  s = jnp.where(allowed, _scores(qc, kc), NEG_INF)                       # [c, B, H, bq, K*bk]
+  row_max = jnp.max(s, axis=-1, keepdims=True)
+  p = jnp.where(allowed, jnp.exp(s - row_max), 0.0)
+  row_sum = jnp.sum(p, axis=-1, keepdims=True)
+  has = row_sum > 0
+  o = jnp.einsum("cbhqk,cbhkd->cbhqd", p, vc, preferred_element_type=jnp.float32)
+  o = o / jnp.where(has, row_sum, 1.0)
+  lse = jnp.where(has, row_max + jnp.log(jnp.where(has, row_sum, 1.0)), NEG_INF)[..., 0]
+  return o, lse
+
+
+def _chunk_backward(qc, kc, vc, doc, lc, dc, allowed):
+  """Gradients (dq, dk, dv) of one scan step's rows, f32, from the saved log-sum-exp `lc` and
+  `dc` = rowsum(dO * O) - dlse."""
+  scale = 1.0 / math.sqrt(qc.shape[-1])
+  p = jnp.where(allowed, jnp.exp(_scores(qc, kc) - lc[..., None]), 0.0)
+  dp = jnp.einsum("cbhqd,cbhkd->cbhqk", doc, vc, preferred_element_type=jnp.float32)
+  ds = p * (dp - dc[..., None]) * scale
+  dq = jnp.einsum("cbhqk,cbhkd->cbhqd", ds, kc, preferred_element_type=jnp.float32)
+  dk = jnp.einsum("cbhqk,cbhqd->cbhkd", ds, qc, preferred_element_type=jnp.float32)
+  dv = jnp.einsum("cbhqk,cbhqd->cbhkd", p, doc, preferred_element_type=jnp.float32)
+  return dq, dk, dv
+
+
+def _backward_inputs(do, o, lse, dlse):
+  """(dO in f32, delta = rowsum(dO * O) - dlse, lse with NEG_INF rows set to 0)."""
+  do = do.astype(jnp.float32)
+  delta = jnp.sum(do * o, axis=-1) - dlse                                 # [R, B, H, bq]
+  return do, delta, jnp.where(lse > 0.5 * NEG_INF, lse, 0.0)
+
+
 def _forward(spec, qw, kw, vw, ok):
   rows, chunk = qw.shape[0], spec.chunk
 
   def step(_, j):
     start = j * chunk
     qc, kc, vc = _slice_rows(start, chunk, qw, kw, vw)
-    allowed = _chunk_mask(spec, ok, start, chunk)
-    s = jnp.where(allowed, _scores(qc, kc), NEG_INF)                     # [c, B, H, bq, K*bk]
-    row_max = jnp.max(s, axis=-1, keepdims=True)
-    p = jnp.where(allowed, jnp.exp(s - row_max), 0.0)
-    row_sum = jnp.sum(p, axis=-1, keepdims=True)
-    has = row_sum > 0
-    o = jnp.einsum("cbhqk,cbhkd->cbhqd", p, vc, preferred_element_type=jnp.float32)
-    o = o / jnp.where(has, row_sum, 1.0)
-    lse = jnp.where(has, row_max + jnp.log(jnp.where(has, row_sum, 1.0)), NEG_INF)[..., 0]
-    return None, (o, lse)
+    return None, _chunk_forward(qc, kc, vc, _chunk_mask(spec, ok, start, chunk))
 
   _, (o, lse) = jax.lax.scan(step, None, jnp.arange(rows // chunk))
   return o.reshape((rows,) + o.shape[2:]), lse.reshape((rows,) + lse.shape[2:])
@@ -185,24 +213,13 @@ def _attend_fwd(spec, qw, kw, vw, ok):
 
 def _attend_bwd(spec, res, cts):
   qw, kw, vw, ok, o, lse = res
-  do, dlse = cts
   rows, chunk = qw.shape[0], spec.chunk
-  scale = 1.0 / math.sqrt(qw.shape[-1])
-  do = do.astype(jnp.float32)
-  # d(loss)/d(logit) = p * (dP - delta), delta = rowsum(dO * O) - dlse.
-  delta = jnp.sum(do * o, axis=-1) - dlse                               # [R, B, H, bq]
-  safe_lse = jnp.where(lse > 0.5 * NEG_INF, lse, 0.0)
+  do, delta, safe_lse = _backward_inputs(cts[0], o, lse, cts[1])
 
   def step(_, j):
     start = j * chunk
     qc, kc, vc, doc, lc, dc = _slice_rows(start, chunk, qw, kw, vw, do, safe_lse, delta)
-    allowed = _chunk_mask(spec, ok, start, chunk)
-    p = jnp.where(allowed, jnp.exp(_scores(qc, kc) - lc[..., None]), 0.0)
-    dp = jnp.einsum("cbhqd,cbhkd->cbhqk", doc, vc, preferred_element_type=jnp.float32)
-    ds = p * (dp - dc[..., None]) * scale
-    dq = jnp.einsum("cbhqk,cbhkd->cbhqd", ds, kc, preferred_element_type=jnp.float32)
-    dk = jnp.einsum("cbhqk,cbhqd->cbhkd", ds, qc, preferred_element_type=jnp.float32)
-    dv = jnp.einsum("cbhqk,cbhqd->cbhkd", p, doc, preferred_element_type=jnp.float32)
+    dq, dk, dv = _chunk_backward(qc, kc, vc, doc, lc, dc, _chunk_mask(spec, ok, start, chunk))
     return None, (dq.astype(qw.dtype), dk.astype(kw.dtype), dv.astype(vw.dtype))
 
   _, grads = jax.lax.scan(step, None, jnp.arange(rows // chunk))
@@ -211,6 +228,90 @@ def _attend_bwd(spec, res, cts):
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+# --- Streamed buckets: one row per scan step, its key blocks read by dynamic slices. ---
+
+def _read_row(xb, ids, uniform):
+  """The key blocks of one row: xb `[nkb, B, H, bk, E]`, ids int `[Hl, K]` -> `[1, B, H, K*bk, E]`.
+
+  A slot the same for every head is one dynamic slice of all heads, a per-head slot one slice
+  per head."""
+  _, b_, h, bk, e = xb.shape
+  parts = []
+  for slot, same in enumerate(uniform):
+    if same:
+      parts.append(jax.lax.dynamic_slice_in_dim(xb, ids[0, slot], 1, axis=0))
+    else:
+      parts.append(jnp.concatenate(
+          [jax.lax.dynamic_slice(xb, (ids[g, slot], 0, g, 0, 0), (1, b_, 1, bk, e))
+           for g in range(h)], axis=2))
+  return jnp.stack(parts, axis=3).reshape(1, b_, h, len(uniform) * bk, e)
+
+
+def _add_row(acc, g, ids, uniform):
+  """Transpose of `_read_row`: adds g `[1, B, H, K*bk, E]` into acc `[nkb, B, H, bk, E]`."""
+  _, b_, h, bk, e = acc.shape
+  g = g.reshape(1, b_, h, len(uniform), bk, e)
+
+  def add(acc, piece, start):
+    return jax.lax.dynamic_update_slice(
+        acc, jax.lax.dynamic_slice(acc, start, piece.shape) + piece, start)
+
+  for slot, same in enumerate(uniform):
+    if same:
+      acc = add(acc, g[:, :, :, slot], (ids[0, slot], 0, 0, 0, 0))
+    else:
+      for head in range(h):
+        acc = add(acc, g[:, :, head:head + 1, slot], (ids[head, slot], 0, head, 0, 0))
+  return acc
+
+
+def _stream_forward(spec, qw, kb, vb, ok):
+  idx = jnp.asarray(spec.idx)                                           # [R, Hl, K]
+
+  def step(_, xs):
+    j, ids = xs
+    qc, = _slice_rows(j, 1, qw)
+    kc, vc = (_read_row(x, ids, spec.uniform) for x in (kb, vb))
+    return None, _chunk_forward(qc, kc, vc, _chunk_mask(spec, ok, j, 1))
+
+  _, (o, lse) = jax.lax.scan(step, None, (jnp.arange(qw.shape[0]), idx))
+  return o[:, 0], lse[:, 0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attend_stream(spec, qw, kb, vb, ok):
+  """`_attend` of a streamed bucket: qw `[R, B, H, bq, D]`, kb/vb the key blocks `[nkb, B, H,
+  bk, .]`, ok bool `[R, B, Hx, 1, K*bk]`; row r reads blocks `spec.idx[r]`."""
+  return _stream_forward(spec, qw, kb, vb, ok)
+
+
+def _attend_stream_fwd(spec, qw, kb, vb, ok):
+  o, lse = _stream_forward(spec, qw, kb, vb, ok)
+  return (o, lse), (qw, kb, vb, ok, o, lse)
+
+
+def _attend_stream_bwd(spec, res, cts):
+  qw, kb, vb, ok, o, lse = res
+  do, delta, safe_lse = _backward_inputs(cts[0], o, lse, cts[1])
+  idx = jnp.asarray(spec.idx)
+
+  def step(acc, xs):
+    (dk_acc, dv_acc), (j, ids) = acc, xs
+    qc, doc, lc, dc = _slice_rows(j, 1, qw, do, safe_lse, delta)
+    kc, vc = (_read_row(x, ids, spec.uniform) for x in (kb, vb))
+    dq, dk, dv = _chunk_backward(qc, kc, vc, doc, lc, dc, _chunk_mask(spec, ok, j, 1))
+    dk_acc = _add_row(dk_acc, dk, ids, spec.uniform)
+    dv_acc = _add_row(dv_acc, dv, ids, spec.uniform)
+    return (dk_acc, dv_acc), dq[0].astype(qw.dtype)
+
+  zeros = (jnp.zeros(kb.shape, jnp.float32), jnp.zeros(vb.shape, jnp.float32))
+  (dk, dv), dq = jax.lax.scan(step, zeros, (jnp.arange(qw.shape[0]), idx))
+  return dq, dk.astype(kb.dtype), dv.astype(vb.dtype), None
+
+
+_attend_stream.defvjp(_attend_stream_fwd, _attend_stream_bwd)
 
 
 def _assemble(xb, spec, heads: int):
@@ -278,13 +379,16 @@ def sparse_core(q, k, v, key_ok, plan):
     r = len(spec.rows)
     rows = -(-r // spec.chunk) * spec.chunk
     qw = static_take(qb, spec.rows, 0)                                   # [R, B, H, bq, D]
-    kw = _assemble(kb, spec, h)                                          # [R, B, H, K*bk, D]
-    vw = _assemble(vb, spec, h)
     okw = _assemble(okb, spec, ok_heads)[..., 0] > 0.5                   # [R, B, Hx, K*bk]
     if not spec.all_slots:
       okw = okw & jnp.asarray(spec.slot_ok)[:, None]                    # [R, 1, Hl, K*bk]
     okw = _pad_rows(okw[:, :, :, None, :], rows)
-    o, lse = _attend(spec, _pad_rows(qw, rows), _pad_rows(kw, rows), _pad_rows(vw, rows), okw)
+    if spec.stream:
+      o, lse = _attend_stream(spec, _pad_rows(qw, rows), kb, vb, okw)
+    else:
+      kw = _assemble(kb, spec, h)                                        # [R, B, H, K*bk, D]
+      vw = _assemble(vb, spec, h)
+      o, lse = _attend(spec, _pad_rows(qw, rows), _pad_rows(kw, rows), _pad_rows(vw, rows), okw)
     outs.append(o[:r])
     lses.append(lse[:r])
   if plan.has_empty:

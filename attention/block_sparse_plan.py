@@ -21,6 +21,13 @@ Everything here runs in numpy before tracing, once per layout (plans are cached 
 
 So the assembled keys cost a few slices per bucket, plus, for irregular blocks only, a one-hot
 matmul of `rows * slots * nkb * block * head_dim` multiply-adds.
+
+When one row's scores alone fill a scan step (`STREAM_ROW_ELEMENTS`; BigBird and the sparse
+patterns at LRA sizes), a bucket is *streamed* instead: its scan takes one row per step and
+reads that row's key blocks with dynamic slices at the block indices of `idx` (one slice per
+slot, one per head and slot for per-head slots), and the backward pass adds their gradients into
+a key-sized accumulator. Nothing of size `rows * slots * block` is materialised, and no one-hot
+matmul is needed; the slices are dynamic-slices, not gathers.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import numpy as np
 
 MAX_BUCKETS = 4          # most row buckets per layout; each adds one scan to the graph
 CHUNK_SCORE_ELEMENTS = 1 << 19  # score elements per scan step, so that they stay in cache
+STREAM_ROW_ELEMENTS = 1 << 19   # a bucket whose one row has this many scores reads its key
+                                # blocks inside the scan, one row per step (see below)
 STRUCTURED_SHARE = 0.5   # a shift/constant slot must serve this share of (head, row) pairs
 ALL_SHARE = 0.75         # a bucket whose every row reads this share of the key blocks reads all
 
@@ -178,7 +187,7 @@ def make_plan(layout, *, q_block: int, k_block: int, causal: bool = False, q_pos
   q_pos = np.arange(nqb * q_block) if q_pos is None else np.asarray(q_pos)
   k_pos = np.arange(nkb * k_block) if k_pos is None else np.asarray(k_pos)
   key = digest(layout, q_block, k_block, causal, q_pos, k_pos, pair, batch_heads, max_buckets,
-               CHUNK_SCORE_ELEMENTS)
+               CHUNK_SCORE_ELEMENTS, STREAM_ROW_ELEMENTS)
   if key not in _PLANS:
     _PLANS[key] = _build(key, layout, q_block, k_block, causal, q_pos, k_pos, pair, batch_heads,
                          max_buckets)
@@ -195,13 +204,17 @@ def _build(key, layout, q_block, k_block, causal, q_pos, k_pos, pair, batch_head
     sets = [[set(np.flatnonzero(layout[h, n]).tolist()) for n in rows] for h in range(hl)]
     slots, onehot, idx, ok = assign_slots(sets, rows, nkb)
     r, k = len(rows), idx.shape[-1]
-    chunk = max(1, min(r, CHUNK_SCORE_ELEMENTS // (batch_heads * q_block * k * k_block)))
+    row_scores = batch_heads * q_block * k * k_block
+    stream = slots != (("all",),) and row_scores >= STREAM_ROW_ELEMENTS
+    chunk = 1 if stream else max(1, min(r, CHUNK_SCORE_ELEMENTS // row_scores))
     rows_padded = -(-r // chunk) * chunk
     pad = [(0, rows_padded - r)]
     kpos = kpos_b[idx].reshape(hl, r, k * k_block).transpose(1, 0, 2)   # [R, Hl, K*bk]
     buckets.append(Static(
         (key, len(buckets)), rows=tuple(rows), slots=slots, onehot=onehot, num_slots=k,
-        chunk=chunk, all_slots=bool(ok.all()), causal=causal, pair=pair,
+        chunk=chunk, all_slots=bool(ok.all()), causal=causal, pair=pair, stream=stream,
+        idx=np.pad(idx.transpose(1, 0, 2), pad + [(0, 0)] * 2).astype(np.int32),  # [R', Hl, K]
+        uniform=tuple(bool((idx[:, :, s] == idx[:1, :, s]).all()) for s in range(k)),
         slot_ok=np.repeat(ok, k_block, axis=-1).transpose(1, 0, 2),         # [R, Hl, K*bk]
         qpos=np.pad(qpos_b[list(rows)], pad + [(0, 0)])[:, None, None, :, None],  # [R', 1, 1, bq, 1]
         kpos=np.pad(kpos, pad + [(0, 0)] * 2)[:, None, :, None, :]))       # [R', 1, Hl, 1, K*bk]

@@ -36,17 +36,27 @@ def _compare(fast, dense, q, k, v, rng):
   return out_fast
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["assembled", "streamed"])
 @pytest.mark.parametrize("length,block,heads,per_head,causal,pad", [
     (100, 16, 2, False, False, None),         # length not a multiple of the block
     (130, 32, 3, True, True, "empty_row"),    # per-head layouts, causal, an all-padding row
     (10, 16, 2, False, True, "pad"),          # length shorter than one block
     (257, 32, 2, True, False, "pad"),
 ])
-def test_matches_dense_reference(length, block, heads, per_head, causal, pad):
+def test_matches_dense_reference(length, block, heads, per_head, causal, pad, stream,
+                                 monkeypatch):
+  # Streamed: every bucket but "all" ones reads its key blocks inside the scan, one row per step
+  # (at these sizes the default threshold streams nothing).
+  monkeypatch.setattr(block_sparse_plan, "STREAM_ROW_ELEMENTS", 0 if stream else 1 << 40)
   rng = np.random.default_rng(length)
   nb = -(-length // block)
   layout = rng.random((heads, nb, nb) if per_head else (nb, nb)) < 0.35
   layout[..., 0, :] = False                       # a query block with no key block at all
+  plan = block_sparse_plan.make_plan(layout, q_block=block, k_block=block, causal=causal,
+                                     batch_heads=2 * heads)
+  assert any(b.stream for b in plan.buckets) == (stream and bool(plan.buckets))
+  if stream and per_head:                         # per-head slots are read head by head
+    assert not all(u for b in plan.buckets if b.stream for u in b.uniform)
   q, k, v = _inputs(rng, 2, length, heads)
   key_mask = _key_mask(2, length, pad)
   dense_mask = masks.block_layout_mask(layout, block, length)

@@ -9,11 +9,19 @@ import numpy as np
 import pytest
 
 import attention
-from attention import masks, sparse_patterns
+from attention import block_sparse_plan, masks, sparse_patterns
 from attention.dot_product import dot_product_attention
 from attention.sparse_patterns import bigbird_attention, block_local_attention, sparse_attention
 
 TOL = 1e-5
+
+
+@pytest.fixture(params=[False, True], ids=["assembled", "streamed"])
+def stream(request, monkeypatch):
+  """Both ways of reading key blocks: assembled before the scan, or streamed inside it (what
+  the patterns use at LRA sizes, forced here for every bucket but "all" ones)."""
+  monkeypatch.setattr(block_sparse_plan, "STREAM_ROW_ELEMENTS", 0 if request.param else 1 << 40)
+  return request.param
 
 
 def _inputs(rng, b, length, h, d=8):
@@ -50,7 +58,7 @@ def _check(fast, mask, length, heads, causal, pad, seed):
     (61, 8, 8, True, True),       # causal (language modelling) with padding
     (5, 8, 8, True, False),       # shorter than one stride
 ])
-def test_strided_matches_dense(length, stride, block, causal, pad):
+def test_strided_matches_dense(length, stride, block, causal, pad, stream):
   fast = lambda q, k, v, km: sparse_attention(q, k, v, pattern="strided", stride=stride,
                                               block_size=block, causal=causal, key_mask=km)
   _check(fast, masks.strided_mask(length, stride=stride, causal=causal), length, 2, causal, pad,
@@ -62,7 +70,7 @@ def test_strided_matches_dense(length, stride, block, causal, pad):
     (61, True, False, None),      # causal
     (37, False, False, 1),        # every head reads the same (last) summary columns
 ])
-def test_fixed_matches_dense(length, causal, pad, offsets):
+def test_fixed_matches_dense(length, causal, pad, offsets, stream):
   heads, stride, width = 3, 8, 2
   fast = lambda q, k, v, km: sparse_attention(
       q, k, v, pattern="fixed", stride=stride, summary_width=width, block_size=4, causal=causal,
@@ -79,7 +87,7 @@ def test_block_local_matches_dense():
 
 
 @pytest.mark.parametrize("length,block,pad", [(70, 8, True), (5, 8, False)])
-def test_bigbird_matches_dense(length, block, pad):
+def test_bigbird_matches_dense(length, block, pad, stream):
   heads = 3
   fast = lambda q, k, v, km: bigbird_attention(q, k, v, block_size=block, num_global_blocks=2,
                                                num_random_blocks=2, seed=7, key_mask=km)
