@@ -14,10 +14,11 @@ static (known at trace time), so the work is planned once, in numpy
     step's scores stay in cache; a fine mask applies padding slots, key padding and the
     sequence end, the causal diagonal, and an optional token predicate of the pattern fronts
     (`attention.sparse_patterns`);
-  * when one row's scores alone fill a scan step (BigBird and the sparse patterns at LRA sizes),
-    the bucket is streamed instead: one row per step, its key blocks read by dynamic slices at
-    the planned block indices and their gradients added into a key-sized accumulator, so the
-    assembled `[rows, K * block]` keys and values and the one-hot matmul are never formed;
+  * when one row's scores alone fill a scan step (BigBird, block-sparse and block-local at LRA
+    sizes), the bucket is streamed instead: one row per step, its key blocks read by dynamic
+    slices at the planned block indices and their gradients added into a key-sized
+    accumulator, so the assembled `[rows, K * block]` keys and values and the one-hot matmul
+    are never formed;
   * the softmax core has a hand-written backward pass (flash-style: recompute the scores from
     the saved log-sum-exp), so probabilities are never stored between forward and backward.
 

@@ -22,8 +22,8 @@ Everything here runs in numpy before tracing, once per layout (plans are cached 
 So the assembled keys cost a few slices per bucket, plus, for irregular blocks only, a one-hot
 matmul of `rows * slots * nkb * block * head_dim` multiply-adds.
 
-When one row's scores alone fill a scan step (`STREAM_ROW_ELEMENTS`; BigBird and the sparse
-patterns at LRA sizes), a bucket is *streamed* instead: its scan takes one row per step and
+When one row's scores alone fill a scan step (`STREAM_ROW_ELEMENTS`; BigBird, block-sparse and
+block-local at LRA sizes), a bucket is *streamed* instead: its scan takes one row per step and
 reads that row's key blocks with dynamic slices at the block indices of `idx` (one slice per
 slot, one per head and slot for per-head slots), and the backward pass adds their gradients into
 a key-sized accumulator. Nothing of size `rows * slots * block` is materialised, and no one-hot
