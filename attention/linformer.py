@@ -29,10 +29,17 @@ Explicit choices (the reference implementations leave these undefined or get the
     heads: "headwise" sharing) or `[H, N, K]` (one per head). Key-value sharing is passing the
     same array as `proj_k` and `proj_v`; layerwise sharing is the model passing the same array
     to every layer. The parameters are owned by the model layer, not by this function.
+  * Order of projections. With bias-free key and value projections W, E^T (X W) = (E^T X) W:
+    `linformer_from_inputs` projects the layer's input X along the length first and computes
+    keys and values for the K slots only, saving the L x E x (H D) multiplies of each full
+    key and value projection (at LRA Text base, 4K tokens, k = 256: 825 -> 728 GFLOP per
+    training step, `benchmarks/lra_flops.py`). The model layer takes it whenever the length
+    projections are shared by the heads and the keys are not rotated.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -75,19 +82,10 @@ def _fed_slots(real, proj):
   return jnp.einsum("bl,hlk->bhk", real, nonzero) > 0
 
 
-@jax.jit
-def _linformer(q, k, v, proj_k, proj_v, key_mask, query_mask):
-  b_, lq, h, d = q.shape
-  lk = k.shape[1]
-  proj_k = jax.lax.slice_in_dim(proj_k, 0, lk, axis=proj_k.ndim - 2)  # [(H,) L, K]
-  proj_v = jax.lax.slice_in_dim(proj_v, 0, lk, axis=proj_v.ndim - 2)
-  real = jnp.ones((b_, lk), bool) if key_mask is None else key_mask    # [B, L]
-  zero_pad = lambda x: jnp.where(real[:, :, None, None], x, jnp.zeros((), x.dtype))
-  kp = _project(zero_pad(k), proj_k.astype(k.dtype))                  # [B, K, H, D] f32
-  vp = _project(zero_pad(v), proj_v.astype(v.dtype))                  # [B, K, H, Dv] f32
-  slot_ok = _fed_slots(real, proj_k) | _fed_slots(real, proj_v)      # [B, H|1, K]
-
-  scale = 1.0 / math.sqrt(d)
+def _attend_slots(q, kp, vp, slot_ok, query_mask):
+  """Softmax attention of q `[B, Lq, H, D]` over slot keys kp and values vp `[B, K, H, .]`
+  (float32); slot_ok `[B, H|1, K]` removes the slots no real position feeds."""
+  scale = 1.0 / math.sqrt(q.shape[-1])
   logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kp) * scale  # [B, H, Lq, K]
   p, _, row_sum = masked_softmax_stats(logits, slot_ok[:, :, None, :])
   p = p / jnp.where(row_sum > 0, row_sum, 1.0)
@@ -95,6 +93,101 @@ def _linformer(q, k, v, proj_k, proj_v, key_mask, query_mask):
   if query_mask is not None:
     out = jnp.where(query_mask[:, :, None, None], out, 0.0)
   return out.astype(q.dtype)
+
+
+def _real_rows(key_mask, b_, lk, proj_k, proj_v):
+  """(real `[B, L]`, proj_k and proj_v cut to their first L rows)."""
+  proj_k = jax.lax.slice_in_dim(proj_k, 0, lk, axis=proj_k.ndim - 2)  # [(H,) L, K]
+  proj_v = jax.lax.slice_in_dim(proj_v, 0, lk, axis=proj_v.ndim - 2)
+  real = jnp.ones((b_, lk), bool) if key_mask is None else key_mask    # [B, L]
+  return real, proj_k, proj_v
+
+
+def _zero_pad(x, real):
+  return jnp.where(real.reshape(real.shape + (1,) * (x.ndim - 2)), x, jnp.zeros((), x.dtype))
+
+
+@jax.jit
+def _linformer(q, k, v, proj_k, proj_v, key_mask, query_mask):
+  real, proj_k, proj_v = _real_rows(key_mask, q.shape[0], k.shape[1], proj_k, proj_v)
+  kp = _project(_zero_pad(k, real), proj_k.astype(k.dtype))           # [B, K, H, D] f32
+  vp = _project(_zero_pad(v, real), proj_v.astype(v.dtype))           # [B, K, H, Dv] f32
+  slot_ok = _fed_slots(real, proj_k) | _fed_slots(real, proj_v)      # [B, H|1, K]
+  return _attend_slots(q, kp, vp, slot_ok, query_mask)
+
+
+@functools.partial(jax.jit, static_argnames=("shared",))
+def _linformer_inputs(q, x_k, x_v, w_k, w_v, proj_k, proj_v, key_mask, query_mask, *, shared):
+  real, proj_k, proj_v = _real_rows(key_mask, q.shape[0], x_k.shape[1], proj_k, proj_v)
+  f32 = lambda a: a.astype(jnp.float32)
+  slots = lambda x, proj: jnp.einsum("ble,lk->bke", f32(_zero_pad(x, real)), f32(proj))
+  xk = slots(x_k, proj_k)                                             # [B, K, E] f32
+  xv = xk if shared else slots(x_v, proj_v)
+  kp = jnp.einsum("bke,ehd->bkhd", xk, f32(w_k))                     # [B, K, H, D]
+  vp = jnp.einsum("bke,ehd->bkhd", xv, f32(w_v))                     # [B, K, H, Dv]
+  slot_ok = _fed_slots(real, proj_k) | _fed_slots(real, proj_v)      # [B, 1, K]
+  return _attend_slots(q, kp, vp, slot_ok, query_mask)
+
+
+def _refuse_causal(causal, name: str) -> None:
+  if causal:
+    raise ValueError(
+        f"{name} cannot be causal: each projected slot mixes keys from every "
+        "position, including future ones. Use causal=False, or a causal attention "
+        "(dot_product, band, lsh) for autoregressive models.")
+
+
+def _check_projections(proj_k, proj_v, lk: int, h: int) -> None:
+  _check_projection("proj_k", proj_k, lk, h)
+  _check_projection("proj_v", proj_v, lk, h)
+  if np.shape(proj_k)[-1] != np.shape(proj_v)[-1]:
+    raise ValueError(
+        f"proj_k and proj_v must project to the same number of slots, got shapes "
+        f"{tuple(np.shape(proj_k))} and {tuple(np.shape(proj_v))}.")
+
+
+def linformer_from_inputs(q, x_k, x_v, w_k, w_v, *, proj_k, proj_v, key_mask=None,
+                          query_mask=None, causal: bool = False):
+  """Linformer attention that projects the layer's inputs along the length before their key and
+  value projections: E^T (X W_k) = (E^T X) W_k, so keys and values are computed for the K slots
+  only instead of for all L positions. The same function as `linformer_attention(q, X_k W_k,
+  X_v W_v, ...)` (up to float rounding) with L x E x H D less multiply work per projection;
+  for projections shared by the heads (`[N, K]`), since a per-head E would need the input
+  projected once per head.
+
+  Args:
+    q: `[B, Lq, H, D]` queries.
+    x_k, x_v: `[B, L, E]` inputs of the key and value projections (pass the same array twice
+      when they are one input).
+    w_k, w_v: `[E, H, D]` and `[E, H, Dv]` key and value projection kernels (no bias).
+    proj_k, proj_v: `[N, K]` length projections E and F, N >= L (pass `proj_k` again for
+      key-value sharing: with one input as well, the input is projected once).
+    key_mask, query_mask, causal: as in `linformer_attention`.
+
+  Returns:
+    `[B, Lq, H, Dv]` in q's dtype.
+  """
+  _refuse_causal(causal, "linformer_from_inputs")
+  if np.ndim(q) != 4:
+    raise ValueError(f"q must be [B, Lq, H, D], got shape {tuple(np.shape(q))}.")
+  b_, lq, h, d = np.shape(q)
+  if np.ndim(x_k) != 3 or np.shape(x_v) != np.shape(x_k) or np.shape(x_k)[0] != b_:
+    raise ValueError(f"x_k and x_v must both be [B, L, E] with B = {b_} (q's batch), got "
+                     f"{tuple(np.shape(x_k))} and {tuple(np.shape(x_v))}.")
+  lk, e = np.shape(x_k)[1:]
+  for name, w, depth in (("w_k", w_k, d), ("w_v", w_v, None)):
+    shape = tuple(np.shape(w))
+    if len(shape) != 3 or shape[:2] != (e, h) or (depth is not None and shape[2] != depth):
+      raise ValueError(f"{name} must be [E, H, D] = [{e}, {h}, {depth or 'Dv'}], got {shape}.")
+  _check_projections(proj_k, proj_v, lk, h)
+  if np.ndim(proj_k) != 2 or np.ndim(proj_v) != 2:
+    raise ValueError(
+        "linformer_from_inputs needs length projections shared by the heads ([N, K]); per-head "
+        "projections ([H, N, K]) go through linformer_attention on computed keys and values.")
+  query_mask = validation.token_masks(key_mask, query_mask, b_, lq, lk)
+  shared = proj_v is proj_k and x_v is x_k
+  return _linformer_inputs(q, x_k, x_v, w_k, w_v, jnp.asarray(proj_k), jnp.asarray(proj_v),
+                           key_mask, query_mask, shared=shared)
 
 
 def linformer_attention(q, k, v, *, proj_k, proj_v, key_mask=None, query_mask=None,
@@ -117,17 +210,8 @@ def linformer_attention(q, k, v, *, proj_k, proj_v, key_mask=None, query_mask=No
     `[B, Lq, H, Dv]` in q's dtype. With `proj_k = proj_v = identity [L, L]` and no padding it
     equals `dot_product_attention(q, k, v)`.
   """
-  if causal:
-    raise ValueError(
-        "linformer_attention cannot be causal: each projected slot mixes keys from every "
-        "position, including future ones. Use causal=False, or a causal attention "
-        "(dot_product, band, lsh) for autoregressive models.")
+  _refuse_causal(causal, "linformer_attention")
   b_, lq, lk, h, _ = validation.check_qkv(q, k, v)
   query_mask = validation.token_masks(key_mask, query_mask, b_, lq, lk)
-  _check_projection("proj_k", proj_k, lk, h)
-  _check_projection("proj_v", proj_v, lk, h)
-  if np.shape(proj_k)[-1] != np.shape(proj_v)[-1]:
-    raise ValueError(
-        f"proj_k and proj_v must project to the same number of slots, got shapes "
-        f"{tuple(np.shape(proj_k))} and {tuple(np.shape(proj_v))}.")
+  _check_projections(proj_k, proj_v, lk, h)
   return _linformer(q, k, v, jnp.asarray(proj_k), jnp.asarray(proj_v), key_mask, query_mask)

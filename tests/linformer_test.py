@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from attention import dot_product_attention
-from attention.linformer import linformer_attention
+from attention.linformer import linformer_attention, linformer_from_inputs
 
 
 def _normal(seed, shape):
@@ -157,3 +157,59 @@ def test_errors_say_what_to_do():
     linformer_attention(q, k, v, proj_k=jnp.ones((2, 10, 4)), proj_v=e)
   with pytest.raises(ValueError, match="same number of slots"):
     linformer_attention(q, k, v, proj_k=e, proj_v=jnp.ones((10, 5)))
+
+
+def _inputs(seed, b=3, length=11, e=12, h=3, d=4):
+  x = _normal(seed, (b, length, e))
+  return (x, _normal(seed + 1, (b, length, e)), _normal(seed + 2, (e, h, d)),
+          _normal(seed + 3, (e, h, d + 1)), _normal(seed + 4, (b, length, h, d)))
+
+
+@pytest.mark.parametrize("shared", ["none", "kv", "kv_one_input"])
+def test_from_inputs_equals_projecting_computed_keys(shared):
+  """(E^T X) W_k equals E^T (X W_k): outputs and every gradient, with padding (a half-padded
+  row, an all-padding row) and projections longer than the input."""
+  x_k, x_v, w_k, w_v, q = _inputs(20)
+  x_v = x_k if shared == "kv_one_input" else x_v
+  e = _normal(25, (16, 5))
+  f = e if shared != "none" else _normal(26, (16, 5))
+  key_mask = _mask([11, 6, 0], 11)
+
+  def fast(q, x_k, x_v, w_k, w_v, e, f):
+    x_v = x_k if shared == "kv_one_input" else x_v
+    return linformer_from_inputs(q, x_k, x_v, w_k, w_v, proj_k=e,
+                                 proj_v=e if shared != "none" else f, key_mask=key_mask)
+
+  def reference(q, x_k, x_v, w_k, w_v, e, f):
+    x_v = x_k if shared == "kv_one_input" else x_v
+    k = jnp.einsum("ble,ehd->blhd", x_k, w_k)
+    v = jnp.einsum("ble,ehd->blhd", x_v, w_v)
+    return linformer_attention(q, k, v, proj_k=e, proj_v=e if shared != "none" else f,
+                               key_mask=key_mask)
+
+  args = (q, x_k, x_v, w_k, w_v, e, f)
+  out = fast(*args)
+  assert out.shape == (3, 11, 3, 5)
+  assert np.all(np.asarray(out)[1, 6:] == 0.0) and np.all(np.asarray(out)[2] == 0.0)
+  _assert_close(out, reference(*args), 1e-5)
+  ct = _normal(27, out.shape)
+  grad = lambda fn: jax.grad(lambda *a: jnp.sum(fn(*a) * ct), argnums=tuple(range(7)))(*args)
+  for a, r in zip(grad(fast), grad(reference)):
+    _assert_close(a, r, 1e-5)
+
+
+def test_from_inputs_refuses_what_it_cannot_do():
+  x_k, x_v, w_k, w_v, q = _inputs(30)
+  e = jnp.ones((11, 4))
+  call = lambda **kw: linformer_from_inputs(**{**dict(
+      q=q, x_k=x_k, x_v=x_v, w_k=w_k, w_v=w_v, proj_k=e, proj_v=e), **kw})
+  with pytest.raises(ValueError, match="cannot be causal.*causal=False"):
+    call(causal=True)
+  with pytest.raises(ValueError, match=r"shared by the heads.*linformer_attention"):
+    call(proj_k=jnp.ones((3, 11, 4)), proj_v=jnp.ones((3, 11, 4)))
+  with pytest.raises(ValueError, match="longer than the projected input length 8"):
+    call(proj_k=jnp.ones((8, 4)), proj_v=jnp.ones((8, 4)))
+  with pytest.raises(ValueError, match=r"w_k must be \[E, H, D\] = \[12, 3, 4\]"):
+    call(w_k=w_v)
+  with pytest.raises(ValueError, match="x_k and x_v must both be"):
+    call(x_v=x_v[:, :5])

@@ -206,3 +206,38 @@ def test_favor_features_are_not_trained():
   _, params, rest = nnx.split(model, nnx.Param, ...)
   assert any(x.shape == (8, 8) for x in jax.tree.leaves(rest))
   assert not any(x.shape == (8, 8) for x in jax.tree.leaves(params))
+
+
+@pytest.mark.parametrize("sharing,pos,fast", [
+    ("none", "none", True), ("kv", "none", True), ("layer", "none", True),
+    ("none", "infused", True), ("kv", "infused", True),
+    ("headwise", "none", False), ("none", "rotary", False)])
+def test_linformer_layer_projects_inputs_first_when_it_can(monkeypatch, sharing, pos, fast):
+  """The layer's Linformer path that length-projects the inputs before the key and value
+  projections gives the same outputs and parameter gradients as projecting computed keys and
+  values; it is taken for projections shared by the heads and unrotated keys only."""
+  from models import attention_layer
+  spec = {"kind": "linformer", "k": 5, "sharing": sharing}
+  layer = attention_layer.MultiHeadAttention(
+      16, 2, 16, spec, max_length=LENGTH, positions={"kind": pos}, rngs=nnx.Rngs(3))
+  x = jnp.asarray(np.random.RandomState(4).standard_normal((3, LENGTH, 16)), jnp.float32)
+  key_mask = jnp.arange(LENGTH)[None, :] < jnp.asarray([LENGTH, 5, 0])[:, None]
+  ct = jnp.asarray(np.random.RandomState(5).standard_normal((3, LENGTH, 16)), jnp.float32)
+  calls = []
+  spy = attention_layer.linformer.linformer_from_inputs
+  monkeypatch.setattr(attention_layer.linformer, "linformer_from_inputs",
+                      lambda *a, **kw: calls.append(1) or spy(*a, **kw))
+
+  def run():
+    loss = lambda m: jnp.sum(m(x, key_mask) * ct)
+    return layer(x, key_mask), nnx.grad(loss)(layer)
+
+  out, grads = run()
+  assert bool(calls) == fast
+  monkeypatch.setattr(attention_layer.MultiHeadAttention, "_linformer_from_inputs",
+                      lambda self, kwargs: False)
+  ref_out, ref_grads = run()
+  np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), atol=2e-5, rtol=1e-5)
+  assert np.all(np.asarray(out)[2] == 0.0)
+  for a, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=2e-5, rtol=1e-5)
