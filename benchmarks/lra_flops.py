@@ -35,7 +35,7 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:   # benchmarks/atte
 elif ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from benchmarks import lra_speed  # noqa: E402
+from benchmarks import lra_speed, lra_step  # noqa: E402
 
 
 def _subjaxprs(eqn):
@@ -81,11 +81,11 @@ def step_flops(kind: str, length: int, batch: int, quick: bool = False) -> dict:
   import configs
   from lra import preflight, train
 
-  if kind == lra_speed.IDENTITY:
-    lra_speed._use_identity_attention()
+  if kind == lra_step.IDENTITY:
+    lra_step.identity_attention()
   config = configs.build_config(
-      "text", attention=lra_speed.DENSE if kind == lra_speed.IDENTITY else kind, size="base",
-      overrides=lra_speed.overrides(kind, length, batch, quick))
+      "text", attention=lra_step.DENSE if kind == lra_step.IDENTITY else kind, size="base",
+      overrides=lra_step.overrides(kind, length, batch, quick))
   trainer = train.Trainer.abstract(config)
   abstract = preflight.abstract_batch(trainer.task, config.data, batch, trainer.mesh, "train")
   closed = jax.make_jaxpr(trainer.train_step)(trainer.abstract_state(), abstract,
@@ -121,8 +121,8 @@ def _measured_times(path: str, length: int, batch: int) -> dict[str, float]:
 
 
 def table(rows: list[dict], times: dict[str, float]) -> str:
-  base = next(r["gflop"] for r in rows if r["kind"] == lra_speed.IDENTITY)
-  base_s = times.get(lra_speed.IDENTITY)
+  base = next(r["gflop"] for r in rows if r["kind"] == lra_step.IDENTITY)
+  base_s = times.get(lra_step.IDENTITY)
   head = "| kind | matmul GFLOP per step | vs identity |"
   sep = "| --- | ---: | ---: |"
   if times:
@@ -159,8 +159,8 @@ def main(argv=None) -> int:
     print(f"lra_flops: unknown kind {bad[0]!r} (known: {', '.join(known)})" if bad else
           "lra_flops: --length and --batch must be positive", file=sys.stderr)
     return 2
-  if lra_speed.IDENTITY not in kinds:
-    kinds.insert(0, lra_speed.IDENTITY)
+  if lra_step.IDENTITY not in kinds:
+    kinds.insert(0, lra_step.IDENTITY)
   if args.times and not os.path.exists(args.times):
     print(f"lra_flops: --times {args.times}: no such file", file=sys.stderr)
     return 2
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
       print(f"{kind}: not counted ({e})", file=sys.stderr)
       continue
     print(f"{kind}: {rows[-1]['gflop']:,.1f} GFLOP", file=sys.stderr, flush=True)
-  if not any(r["kind"] == lra_speed.IDENTITY for r in rows):
+  if not any(r["kind"] == lra_step.IDENTITY for r in rows):
     print("lra_flops: the identity step could not be counted", file=sys.stderr)
     return 1
   times = _measured_times(args.times, args.length, args.batch) if args.times else {}

@@ -53,17 +53,14 @@ elif ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from attention import kinds as kinds_lib  # noqa: E402  (pure Python, no jax)
+from benchmarks.lra_step import DENSE, IDENTITY, Point, status_kb  # noqa: E402
 
-DENSE, IDENTITY = "dot_product", "identity"
 EXACT_FALLBACK = "flash"        # exact dense reference where dot_product runs out of memory
-WINDOW = 128                    # configs/text.py: the base size's window of the local kinds
 RESULTS = os.path.join(HERE, "results")
 LENGTHS = "1024,2048,3072,4096,8192,16384"
 # --quick: a 1-layer, 32-wide model at two short lengths, dense and band (plus identity).
 QUICK = dict(kinds="dot_product,band", lengths="128,256", batch=2, steps=3, min_steps=2,
              warmup=1, budget=5.0, max_seconds=120.0, parallel=2)
-QUICK_MODEL = {"model.num_layers": 1, "model.emb_dim": 32, "model.qkv_dim": 32,
-               "model.num_heads": 2, "model.mlp_dim": 64, "model.classifier_dim": 32}
 # The fields of a measured ("ok") record in the JSON lines; the others have the first six and
 # `detail` (why), and sometimes more.
 FIELDS = ("record", "setup", "kind", "length", "batch", "status", "steps_per_s",
@@ -77,120 +74,36 @@ def all_kinds() -> list[str]:
   return [DENSE, IDENTITY] + [k for k in kinds_lib.names() if k != DENSE]
 
 
-def overrides(kind: str, length: int, batch: int, quick: bool) -> list[tuple[str, str]]:
-  """`--config.x=y` overrides of the Text base config for one point."""
-  real = DENSE if kind == IDENTITY else kind
-  out = {"data.max_length": length, "batch_size": batch, "eval_batch_size": batch}
-  for name, value in kinds_lib.defaults(real, window=WINDOW, max_length=length).items():
-    out[f"model.attention.{name}"] = value
-  if quick:
-    out.update(QUICK_MODEL)
-  return [(k, v if isinstance(v, str) else repr(v)) for k, v in out.items()]
-
-
 # ------------------------------------------------------------------------------------------------
 # Child side: one point
-
-
-def _status_kb(field: str) -> int:
-  try:
-    with open("/proc/self/status") as f:
-      return next((int(x.split()[1]) for x in f if x.startswith(field + ":")), 0)
-  except OSError:
-    return 0
-
-
-def _use_identity_attention() -> None:
-  """Makes the attention layer call `v -> v` instead of its primitive (padded queries -> 0, as
-  every primitive does). The query and key projections are then unused and XLA drops them."""
-  import jax.numpy as jnp
-
-  import attention
-  from models import attention_layer
-
-  def identity(q, k, v=None, *, key_mask=None, **kwargs):
-    del q, kwargs
-    v = k if v is None else v           # shared-QK kinds are called as fn(qk, v)
-    return v if key_mask is None else jnp.where(key_mask[:, :, None, None], v, 0.0)
-
-  class Identity:
-    def __getattr__(self, name):
-      return getattr(attention, name)
-
-    @staticmethod
-    def get(name):
-      del name
-      return identity
-
-  attention_layer.attention = Identity()
 
 
 def measure(spec: dict) -> dict:
   """Builds, compiles, allocates and times one point (in this process)."""
   import jax
-  import numpy as np
 
-  import configs
-  from lra import mesh as mesh_lib, preflight, train
-
-  jax.config.update("jax_enable_compilation_cache", False)  # compile time is measured
-  kind, length, batch = spec["kind"], spec["length"], spec["batch"]
-  if kind == IDENTITY:
-    _use_identity_attention()
-  config = configs.build_config(
-      "text", attention=DENSE if kind == IDENTITY else kind, size="base",
-      overrides=overrides(kind, length, batch, spec["quick"]))
+  point = Point(spec)
+  if point.oom:
+    return dict(point.info, status="oom", detail=point.oom)
+  baseline = status_kb("VmRSS") * 1024
+  point.allocate()
   t0 = time.perf_counter()
-  trainer = train.Trainer.abstract(config)
-  abstract = preflight.abstract_batch(trainer.task, config.data, batch, trainer.mesh, "train")
-  program = preflight.Program.compile("train step", trainer.train_step,
-                                      trainer.abstract_state(), abstract, trainer.abstract_rest)
-  compile_s = time.perf_counter() - t0
-  device = jax.devices()[0]
-  out = dict(compile_s=compile_s, estimate_gb=program.peak / 1e9,
-             attention=config.model.attention.to_dict(),
-             device=f"{device.platform}: {device.device_kind}",
-             params=int(sum(x.size for x in jax.tree.leaves(trainer.abstract_state()["params"]))))
-  free, _ = preflight.available_memory(jax.devices())
-  if free is not None and program.peak > free:
-    return dict(out, status="oom", detail=f"estimated {program.peak / 1e9:.1f} GB > "
-                f"{free / 1e9:.1f} GB available: not run")
-  baseline = _status_kb("VmRSS") * 1024
-  trainer.allocate()
-  rng = np.random.default_rng(0)
-
-  def random_batch():
-    arrays = {}
-    for name, leaf in abstract.items():
-      high = trainer.task.num_classes if name == "targets" else trainer.task.vocab_size
-      low = 0 if name == "targets" else 1           # tokens 1.. : no padding
-      arrays[name] = rng.integers(low, high, leaf.shape).astype(leaf.dtype)
-    return mesh_lib.global_batch(arrays, trainer.mesh)
-
-  batches = [random_batch(), random_batch()]
-  state, rest, step = trainer.state, trainer.rest, program.compiled
-  del trainer.state, trainer.params                  # the step donates (deletes) the state
-  t0 = time.perf_counter()
-  for i in range(spec["warmup"]):
-    state, sums = step(state, batches[i % 2], rest)
-    jax.block_until_ready((state, sums))
+  for _ in range(spec["warmup"]):
+    point.step()
   warmup_s = time.perf_counter() - t0
   times = []
   while len(times) < spec["steps"] and (len(times) < spec["min_steps"]
                                         or sum(times) < spec["budget"]):
-    t0 = time.perf_counter()
-    state, sums = step(state, batches[len(times) % 2], rest)
-    jax.block_until_ready((state, sums))
-    times.append(time.perf_counter() - t0)
+    times.append(point.step())
+  device = jax.devices()[0]
   if device.platform == "cpu":
-    peak, source = _status_kb("VmHWM") * 1024, "peak RSS (VmHWM)"
+    peak, source = status_kb("VmHWM") * 1024, "peak RSS (VmHWM)"
   else:
     peak, source = device.memory_stats()["peak_bytes_in_use"], "peak_bytes_in_use"
   median = statistics.median(times)
-  loss = float(sums["loss_sum"]) / max(float(sums["weight"]), 1.0)
-  return dict(out, status="ok", times_s=times, step_s=median, step_min_s=min(times),
+  return dict(point.info, status="ok", times_s=times, step_s=median, step_min_s=min(times),
               steps_per_s=1.0 / median, warmup_s=warmup_s, peak_gb=peak / 1e9,
-              peak_source=source, loss=loss, baseline_gb=baseline / 1e9)
+              peak_source=source, loss=point.loss(), baseline_gb=baseline / 1e9)
 
 
 def child_main(spec_json: str) -> None:
