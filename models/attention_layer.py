@@ -113,36 +113,42 @@ class MultiHeadAttention(nnx.Module):
           self.kind, args, num_heads=num_heads, head_dim=head_dim, max_length=max_length,
           rngs=rngs, layer_index=layer_index)
 
-  def _linformer_from_inputs(self, kwargs) -> bool:
+  def _linformer_from_inputs(self) -> bool:
     """Whether Linformer can project the inputs along the length before the key and value
     projections (the same function, less work: `attention.linformer.linformer_from_inputs`):
     with length projections shared by the heads, unrotated keys and one device."""
     return (self.kind == "linformer" and self.pos_kind != "rotary"
-            and jnp.ndim(kwargs["proj_k"]) == 2 and sequence.devices() == 1)
+            and self.extras.proj_k[...].ndim == 2 and sequence.devices() == 1)
 
-  def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
-    """x: `[B, L, E]`; key_mask: `[B, L]` bool (True = real token); rng: key or None (eval)."""
+  def _linformer_call(self, x, key_mask, rng):
     x_v = x                              # the value projection's input
     if self.pos_kind == "infused":       # positions in the q/k inputs only (Shortformer)
       x = x + jnp.asarray(sinusoidal_table(x.shape[1], x.shape[2]))[None].astype(x.dtype)
     q = jnp.einsum("ble,ehd->blhd", x, self.query[...].astype(x.dtype))  # [B, L, H, Dh]
+    out = linformer.linformer_from_inputs(
+        q, x, x_v, self.key[...], self.value[...], key_mask=key_mask,
+        **self.extras(length=x.shape[1], rng=rng))
+    return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))
+
+  def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
+    """x: `[B, L, E]`; key_mask: `[B, L]` bool (True = real token); rng: key or None (eval)."""
+    if self._linformer_from_inputs():
+      return self._linformer_call(x, key_mask, rng)
+    v = jnp.einsum("ble,ehd->blhd", x, self.value[...].astype(x.dtype))  # [B, L, H, Dh]
+    if self.pos_kind == "infused":       # positions in the q/k inputs only (Shortformer)
+      x = x + jnp.asarray(sinusoidal_table(x.shape[1], x.shape[2]))[None].astype(x.dtype)
+    q = jnp.einsum("ble,ehd->blhd", x, self.query[...].astype(x.dtype))  # [B, L, H, Dh]
+    proj_k = lambda: jnp.einsum("ble,ehd->blhd", x, self.key[...].astype(x.dtype))
     if self.pos_kind == "rotary":
       q = rotary.apply_rotary(q, self.rotary_base)
+      k = None if self.shared_qk else rotary.apply_rotary(proj_k(), self.rotary_base)
+    elif not self.shared_qk:
+      k = proj_k()                                                         # [B, L, H, Dh]
     kwargs = dict(self.args)
     if self.extras is not None:
       kwargs.update(self.extras(length=x.shape[1], rng=rng))
     if self.causal:
       kwargs["causal"] = True
-    if self._linformer_from_inputs(kwargs):
-      out = linformer.linformer_from_inputs(
-          q, x, x_v, self.key[...], self.value[...], key_mask=key_mask, **kwargs)
-      return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))
-    k = None
-    if not self.shared_qk:
-      k = jnp.einsum("ble,ehd->blhd", x, self.key[...].astype(x.dtype))  # [B, L, H, Dh]
-      if self.pos_kind == "rotary":
-        k = rotary.apply_rotary(k, self.rotary_base)
-    v = jnp.einsum("ble,ehd->blhd", x_v, self.value[...].astype(x.dtype))  # [B, L, H, Dh]
     if self.pos_kind == "relative":
       rel = dict(u=self.u[...], v_bias=self.v_bias[...], w_r=self.w_r[...])
       if self.kind == "dot_product" and sequence.devices() == 1:
