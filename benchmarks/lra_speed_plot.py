@@ -338,7 +338,10 @@ def plot_accuracy(points: list[dict], path: str) -> None:
   for p in points:
     x, y = ax.xy(p["accuracy"], p["steps_per_s"])
     draw.ellipse([x - 7, y - 7, x + 7, y + 7], fill=palette[p["kind"]])
-    draw.text((x + 10, y - 10), p["kind"], fill="black", font=small)
+    if x + 10 + draw.textlength(p["kind"], font=small) <= ax.box[2] - 4:
+      draw.text((x + 10, y - 10), p["kind"], fill="black", font=small)
+    else:                              # would cross the frame's right edge: label to the left
+      draw.text((x - 10, y - 10), p["kind"], fill="black", font=small, anchor="ra")
   image.save(path)
 
 

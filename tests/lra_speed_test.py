@@ -211,3 +211,15 @@ def test_markdown_replaces_only_the_tables_between_the_markers(tmp_path):
   plain = tmp_path / "tables.md"
   lra_speed_plot.write_markdown(str(plain), "| t |")
   assert plain.read_text() == "| t |\n"
+
+
+def test_speed_accuracy_labels_stay_inside_the_frame(tmp_path):
+  # The most accurate point sits at the right edge: its label goes to the left of the point.
+  points = [dict(kind="dot_product", length=4096, accuracy=36.0, steps_per_s=0.05),
+            dict(kind="block_sparse_with_a_long_name", length=4096, accuracy=39.0,
+                 steps_per_s=0.1)]
+  path = tmp_path / "accuracy.png"
+  lra_speed_plot.plot_accuracy(points, str(path))
+  with Image.open(path) as image:
+    right = image.convert("L").crop((962, 0, 1000, 680))
+    assert right.getextrema() == (255, 255), "ink right of the frame: a label was clipped"
