@@ -85,7 +85,7 @@ def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
   from the previous phase's final parameters; skips finished phases. Returns the results of
   the last phase run (or read), plus "phases" (each phase's results.json) and "interrupted".
   """
-  from lra import train  # the trainer imports jax and the models
+  from lra import tasks, train  # the trainer imports jax and the models
   count = len(config.phases)
   summary = []
   results: dict[str, Any] = {}
@@ -106,6 +106,10 @@ def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
       results = train.train_and_evaluate(c, phase_dir, hooks=hooks)
       if results["interrupted"]:
         return {**results, "phases": summary}
+      if k + 1 < count:   # the last phase's line is the run's own last line
+        line = tasks.get_task(c.task).result_line(
+            results, storage.join(phase_dir, "results.json"))
+        print(f"Phase {k + 1}/{count}: {line}", flush=True)
     summary.append({key: v for key, v in results.items() if key not in ("state", "interrupted")})
   return {**results, "phases": summary}
 

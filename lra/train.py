@@ -297,14 +297,14 @@ class Trainer:
     """The train state as ShapeDtypeStructs with their shardings (a restore target)."""
     return self._abstract_state
 
-  def evaluate(self, params, batches: Iterable[dict], *, label_counts: np.ndarray | None = None
+  def evaluate(self, params, batches: Iterable[dict], *, chance_counts: np.ndarray | None = None
                ) -> dict[str, float]:
-    """Sums over every example of a split (filler examples have weight 0)."""
+    """Sums over every example of a split (filler examples have weight 0); adds the ids of the
+    task's chance reference to `chance_counts` when given."""
     total = None
     for batch in batches:
-      if label_counts is not None:
-        real = np.asarray(batch["weights"]) > 0
-        np.add.at(label_counts, np.asarray(batch["targets"])[real].reshape(-1), 1)
+      if chance_counts is not None:
+        np.add.at(chance_counts, self.task.chance_ids(batch), 1)
       sums = self.eval_step(params, mesh_lib.global_batch(batch, self.mesh), self.rest)
       total = metrics.add_sums(total, sums)
     if total is None:
@@ -446,13 +446,14 @@ def _train_and_evaluate(config, workdir, hooks, stop, lock) -> dict[str, Any]:
 
   ckpt.save(total_steps, state, data_state(), force=True)
   final_val = run_eval(total_steps, state["params"])
-  label_counts = np.zeros(task.num_classes, np.int64) if task.count_labels else None
+  chance = task.chance_reference()
+  chance_counts = None if chance is None else np.zeros(chance[1], np.int64)
   test_final = trainer.evaluate(state["params"], pipeline.eval_batches(
       sources["test"], batch_size=eval_batch * jax.process_count(), **shard),
-      label_counts=label_counts)
+      chance_counts=chance_counts)
   writer.write(total_steps, "test", test_final)
-  if label_counts is not None and jax.process_count() > 1:  # each process saw its own rows
-    label_counts = np.asarray(multihost_utils.process_allgather(label_counts)).sum(0)
+  if chance_counts is not None and jax.process_count() > 1:  # each process saw its own rows
+    chance_counts = np.asarray(multihost_utils.process_allgather(chance_counts)).sum(0)
   best_params = best_ckpt.restore_latest({"params": checkpoint.abstract_like(state["params"])})
   test_best = test_final
   if best_params is not None and best["step"] != total_steps:
@@ -472,8 +473,8 @@ def _train_and_evaluate(config, workdir, hooks, stop, lock) -> dict[str, Any]:
       "wall_seconds_this_run": round(time.time() - t_start, 1),
       "train_step_traces": trainer.traces,
   }
-  if label_counts is not None and label_counts.sum():
-    results["majority_class_rate"] = float(label_counts.max() / label_counts.sum())
+  if chance_counts is not None and chance_counts.sum():
+    results[chance[0]] = float(chance_counts.max() / chance_counts.sum())
   results.update(task.result_fields(test_best=test_best, test_final=test_final,
                                     final_validation=final_val, best=best))
   _write_json(storage.join(workdir, "results.json"), results)

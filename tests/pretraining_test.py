@@ -166,7 +166,12 @@ def test_cli_refuses_in_one_line():
   assert len(lines) == 1 and "linformer" in lines[0] and "permutation" in lines[0], out.stderr
 
 
-def test_spt_pretrains_then_fine_tunes_in_one_workdir(tmp_path):
+def _most_frequent_share(values):
+  counts = np.bincount(np.asarray(values, np.int64))
+  return counts.max() / counts.sum()
+
+
+def test_spt_pretrains_then_fine_tunes_in_one_workdir(tmp_path, capsys):
   c = tiny_config(tmp_path, protocol="spt", learning_rate=0.0, weight_decay=0.0,
                   **{"pretrain.learning_rate": 0.01, "pretrain.objective": "mpnet"})
   c = configs.common.apply_protocol(c)
@@ -174,6 +179,21 @@ def test_spt_pretrains_then_fine_tunes_in_one_workdir(tmp_path):
   results = phases.run(c, workdir)
   assert len(results["phases"]) == 2 and np.isfinite(results["test_accuracy"])
   assert phases.results_path(workdir, results).endswith("phase2/results.json")
+  # Each phase's chance reference, counted here from the test split itself: the most frequent
+  # real token for pretraining (printed when the phase ends), the majority class after it.
+  test = tasks.get_task("listops").get_source(c.data, "test")
+  examples = [test[i] for i in range(len(test))]
+  tokens = np.concatenate([np.asarray(e["inputs"]).reshape(-1) for e in examples])
+  pretrained = results["phases"][0]
+  assert pretrained["most_frequent_token_rate"] == pytest.approx(
+      _most_frequent_share(tokens[tokens > 0]))
+  assert "majority_class_rate" not in pretrained
+  assert results["majority_class_rate"] == pytest.approx(
+      _most_frequent_share([int(e["targets"]) for e in examples]))
+  printed = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("Phase 1/2: mpnet pretraining")]
+  assert len(printed) == 1 and "(most frequent token " in printed[0], printed
+  assert f"{pretrained['most_frequent_token_rate']:.4f}" in printed[0]
   # Fine-tuning at learning rate 0 keeps what it loaded: the encoder pretraining trained, and
   # the head as a fresh model initialises it (pretraining never reaches the head).
   task = tasks.get_task("listops")

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from flax import nnx
 
@@ -100,7 +101,16 @@ class Task:
     del metrics
     return {}
 
-  count_labels: bool = dataclasses.field(default=False, init=False)
+  def chance_reference(self) -> tuple[str, int] | None:
+    """The run's chance reference, or None: (its `results.json` key, the number of distinct ids
+    `chance_ids` returns). The trainer counts those ids over the test split and records the
+    share of the most frequent one (the majority class of a classifier)."""
+    return None
+
+  def chance_ids(self, batch: Mapping[str, Any]) -> np.ndarray:
+    """The ids of one evaluation batch (host arrays) that the chance reference counts."""
+    del batch
+    return np.zeros(0, np.int64)
 
   def better(self, metrics: Mapping[str, float], best: Mapping[str, Any]) -> bool:
     """Whether validation `metrics` beat the best so far (accuracy by default)."""

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import nnx
 
 import models
@@ -18,8 +19,6 @@ from lra.tasks.base import Task, eval_weights, example_weights, weighted_sums
 @dataclasses.dataclass(frozen=True)
 class ClassificationTask(Task):
   """inputs `[B, L]`, targets `[B]`; the encoder classifier; accuracy, best by accuracy."""
-
-  count_labels: bool = dataclasses.field(default=True, init=False)
 
   inputs: tuple[str, ...] = dataclasses.field(default=("inputs",), init=False)  # token fields
 
@@ -33,6 +32,13 @@ class ClassificationTask(Task):
     spec = {name: tokens for name in self.inputs}
     spec["targets"] = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
     return eval_weights(spec, batch_size, split)
+
+  def chance_reference(self) -> tuple[str, int] | None:
+    return ("majority_class_rate", self.num_classes)
+
+  def chance_ids(self, batch: Mapping[str, Any]) -> np.ndarray:
+    """The labels of the batch's real examples."""
+    return np.asarray(batch["targets"])[np.asarray(batch["weights"]) > 0].reshape(-1)
 
   def objective(self, model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
     logits = model(batch["inputs"], rng=rng)                               # [B, C]

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import nnx
 
 from attention import kinds as attention_kinds
@@ -134,10 +135,23 @@ class PretrainingTask(Task):
   def better(self, metrics: Mapping[str, float], best: Mapping[str, Any]) -> bool:
     return metrics["loss"] < best.get("loss", float("inf"))
 
+  def chance_reference(self) -> tuple[str, int] | None:
+    return ("most_frequent_token_rate", self.vocab_size)
+
+  def chance_ids(self, batch: Mapping[str, Any]) -> np.ndarray:
+    """The real tokens of the batch's real examples: every objective predicts tokens drawn from
+    them (uniformly for mlm and mpnet, all but the first for clm), so the share of the most
+    frequent is the accuracy of always predicting it."""
+    real = np.asarray(batch["weights"]) > 0
+    tokens = np.concatenate([np.asarray(batch[f])[real].reshape(-1) for f in self.inputs])
+    return tokens[tokens > 0]
+
   def result_line(self, results: Mapping[str, Any], where: str) -> str:
-    return (f"{self.objective_name} pretraining: test accuracy on the predicted tokens "
-            f"{results['test_accuracy']:.4f}, loss {results['test_loss']:.4f}; results in "
-            f"{where}")
+    line = (f"{self.objective_name} pretraining: test accuracy on the predicted tokens "
+            f"{results['test_accuracy']:.4f}")
+    if "most_frequent_token_rate" in results:
+      line += f" (most frequent token {results['most_frequent_token_rate']:.4f})"
+    return f"{line}, loss {results['test_loss']:.4f}; results in {where}"
 
 
 def pretraining_task(base: Task, objective: str) -> PretrainingTask:
