@@ -13,8 +13,6 @@ from typing import Any, Callable, Sequence
 
 from flax import nnx
 
-LOGICAL_AXES = ("vocab", "embed", "heads", "head_dim", "mlp", "length")
-
 
 def metadata(names: Sequence[str | None]) -> dict[str, Any]:
   """Variable metadata that records logical axis names without sharding eagerly."""
