@@ -13,16 +13,15 @@ ratio of the two. Run it as
 
   .venv/bin/python benchmarks/png_decode.py [--images 32] [--repeats 5] [--size 128]
 
-To measure another checkout of the codebase (an older `lra.png`, say), put it first on the
-path: `PYTHONPATH=/path/to/checkout .venv/bin/python benchmarks/png_decode.py`; the header
-line names the module that was measured.
+To measure another checkout of the codebase, put it first on the path:
+`PYTHONPATH=/path/to/checkout .venv/bin/python benchmarks/png_decode.py`; the header line names
+the module that was measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import os
 import statistics
 import struct
 import time
@@ -32,12 +31,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-import lra
-
-if os.path.exists(os.path.join(os.path.dirname(lra.__file__), "data", "png.py")):
-  from lra.data import png
-else:  # a checkout from before the data road moved into lra/data/ (for before/after timings)
-  from lra import png  # type: ignore[attr-defined,no-redef]
+from lra.data import png
 
 FILTERS = ("None", "Sub", "Up", "Average", "Paeth")   # PNG filter types 0..4
 
