@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention import masks, validation
-from attention.dot_product import masked_softmax_stats
+from attention import validation
+from attention.dot_product import allowed_mask, masked_softmax_stats
 
 BASE = 10000.0
 
@@ -95,15 +95,8 @@ def relative_attention(q, k, v, *, u, v_bias, w_r, key_mask=None, causal: bool =
   """
   b, lq, lk, h, d = validation.check_qkv(q, k, v)
   query_mask = validation.token_masks(key_mask, None, b, lq, lk)
-  allowed = jnp.ones((1, 1, lq, lk), bool)
-  if mask is not None:
-    allowed = allowed & jnp.asarray(mask, bool)
-  if causal:
-    allowed = allowed & masks.causal_mask(lq, lk)
-  if key_mask is not None:
-    allowed = allowed & key_mask[:, None, None, :]
-  if query_mask is not None:
-    allowed = allowed & query_mask[:, None, :, None]
+  allowed = allowed_mask(b, h, lq, lk, mask=mask, causal=causal, key_mask=key_mask,
+                         query_mask=query_mask)                          # [B|1, H|1, Lq, Lk]
   qf = q.astype(jnp.float32)
   content = jnp.einsum("bqhd,bkhd->bhqk", qf + u, k.astype(jnp.float32))
   logits = (content + position_scores(qf + v_bias, w_r, lk)) / math.sqrt(d)

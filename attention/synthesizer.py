@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention import masks, validation
-from attention.dot_product import masked_softmax_stats
+from attention import validation
+from attention.dot_product import allowed_mask, masked_softmax_stats
 
 COMPONENTS = ("dense", "random", "factorized_dense", "factorized_random", "dot_product")
 
@@ -170,13 +170,8 @@ def synthesizer_attention(q, k, v, *, dense=None, random=None, factorized_dense=
     mix = jnp.broadcast_to(mix, (h, len(parts)))
     logits = sum(mix[None, :, c, None, None] * part for c, part in enumerate(parts))
 
-  allowed = jnp.ones((1, 1, lq, lk), bool)
-  if causal:
-    allowed = allowed & masks.causal_mask(lq, lk)
-  if key_mask is not None:
-    allowed = allowed & key_mask[:, None, None, :]
-  if query_mask is not None:
-    allowed = allowed & query_mask[:, None, :, None]
+  allowed = allowed_mask(b_, h, lq, lk, causal=causal, key_mask=key_mask,
+                         query_mask=query_mask)                          # [B|1, 1, Lq, Lk]
   p, _, row_sum = masked_softmax_stats(logits, allowed)
   p = p / jnp.where(row_sum > 0, row_sum, 1.0)
   out = jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32))
