@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,8 @@ def default_block_size(window: int) -> int:
   return int(min(128, max(32, 2 ** math.ceil(math.log2(max(window, 1) / 2)))))
 
 
-def _band_core(q, k, v, key_ok, *, window: int, dilation: int, causal: bool, block: int):
+def _band_core(q: jax.Array, k: jax.Array, v: jax.Array, key_ok: jax.Array, *, window: int,
+               dilation: int, causal: bool, block: int) -> tuple[jax.Array, jax.Array]:
   """Band attention of one dilation group.
 
   Args:
@@ -84,14 +86,15 @@ def _band_core(q, k, v, key_ok, *, window: int, dilation: int, causal: bool, blo
   return from_blocks(o), from_blocks(lse)
 
 
-def _global_slots(global_mask, num_slots: int):
+def _global_slots(global_mask: jax.Array, num_slots: int) -> jax.Array:
   """One-hot `[B, G, L]` float32 selecting the global tokens of each row, in order."""
   rank = jnp.cumsum(global_mask, axis=1) - 1                         # [B, L]
   slots = jnp.arange(num_slots)[None, :, None]
   return ((rank[:, None, :] == slots) & global_mask[:, None, :]).astype(jnp.float32)
 
 
-def _attend_dense(q, k, v, allowed):
+def _attend_dense(q: jax.Array, k: jax.Array, v: jax.Array,
+                  allowed: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Small dense attention returning (normalised out f32, lse f32); q `[B,Lq,H,D]`."""
   scale = 1.0 / math.sqrt(q.shape[-1])
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
@@ -104,8 +107,9 @@ def _attend_dense(q, k, v, allowed):
 
 @functools.partial(jax.jit, static_argnames=("window", "dilations", "causal", "block",
                                              "num_global"))
-def _band_attention(q, k, v, key_mask, global_mask, *, window, dilations, causal, block,
-                    num_global):
+def _band_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None,
+                    global_mask: jax.Array | None, *, window: int, dilations: tuple[int, ...],
+                    causal: bool, block: int, num_global: int) -> jax.Array:
   b_, length, h, d = q.shape
   real = jnp.ones((b_, length), bool) if key_mask is None else key_mask
   glob = None if num_global == 0 else (global_mask & real)
@@ -153,7 +157,7 @@ def _band_attention(q, k, v, key_mask, global_mask, *, window, dilations, causal
   return out.astype(q.dtype)
 
 
-def _runs(values):
+def _runs(values: Sequence[int]) -> list[tuple[int, int]]:
   """Run-length encoding of a tuple: [(value, count), ...] in order."""
   runs = []
   for x in values:
@@ -164,8 +168,10 @@ def _runs(values):
   return [tuple(r) for r in runs]
 
 
-def band_attention(q, k, v, *, window: int, dilation=1, causal: bool = False, global_mask=None,
-                   key_mask=None, block_size: int | None = None, max_global: int | None = None):
+def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
+                   dilation: int | Sequence[int] = 1, causal: bool = False,
+                   global_mask: jax.Array | None = None, key_mask: jax.Array | None = None,
+                   block_size: int | None = None, max_global: int | None = None) -> jax.Array:
   """Longformer attention: sliding window with dilation and global tokens, linear in length.
 
   Args:

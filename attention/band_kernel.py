@@ -44,14 +44,14 @@ def _band_bias(block: int, left: int, right: int, window: int, causal: bool) -> 
   return np.where(allowed, 0.0, NEG_INF).astype(np.float32)
 
 
-def _windows(x, chunk: int, spread: int, axis: int):
+def _windows(x: jax.Array, chunk: int, spread: int, axis: int) -> jax.Array:
   """`x` holds chunk + spread - 1 consecutive blocks along axis 0; returns, for each of the first
   `chunk` blocks, the concatenation (along `axis`) of it and the next spread - 1 blocks."""
   parts = [jax.lax.slice_in_dim(x, o, o + chunk, axis=0) for o in range(spread)]
   return jnp.concatenate(parts, axis=axis)
 
 
-def _fold_windows(x, chunk: int, spread: int, block: int):
+def _fold_windows(x: jax.Array, chunk: int, spread: int, block: int) -> jax.Array:
   """Transpose of `_windows` along the in-block axis 4: `[chunk, B, h, dil, spread*block, D]` ->
   `[chunk + spread - 1, B, h, dil, block, D]`, summing the overlapping contributions."""
   total = None
@@ -62,7 +62,8 @@ def _fold_windows(x, chunk: int, spread: int, block: int):
   return total
 
 
-def _chunk_logits(qc, kc, okc, bias, chunk: int, spread: int):
+def _chunk_logits(qc: jax.Array, kc: jax.Array, okc: jax.Array, bias: np.ndarray, chunk: int,
+                  spread: int) -> tuple[jax.Array, jax.Array]:
   """Biased logits of one chunk: qc `[c, B, h, dil, block, D]` (already scaled by 1/sqrt(D)),
   kc `[c+s-1, B, h, dil, block, D]`, okc `[c+s-1, B, dil, block]` bool. Returns the key windows
   `[c, B, h, dil, W, D]` and logits `[c, B, h, dil, block, W]` with NEG_INF added where masked."""
@@ -72,7 +73,8 @@ def _chunk_logits(qc, kc, okc, bias, chunk: int, spread: int):
   return kw, logits + bias + key_bias[:, :, None, :, None, :]
 
 
-def _forward(q, k, v, ok, window, causal, left, right, chunk):
+def _forward(q: jax.Array, k: jax.Array, v: jax.Array, ok: jax.Array, window: int, causal: bool,
+             left: int, right: int, chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """q `[nbq, B, h, dil, block, D]` scaled by 1/sqrt(D) (nbq a multiple of chunk); k, v
   `[nbq + left + right, ...]` (padded with `left` zero blocks before); ok `[nbq + left + right,
   B, dil, block]`. Returns out, lse and the lse used by the backward pass (+|NEG_INF| on rows
@@ -104,7 +106,8 @@ def _forward(q, k, v, ok, window, causal, left, right, chunk):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def band_blocks(q, k, v, ok, window, causal, left, right, chunk):
+def band_blocks(q: jax.Array, k: jax.Array, v: jax.Array, ok: jax.Array, window: int,
+                causal: bool, left: int, right: int, chunk: int) -> tuple[jax.Array, jax.Array]:
   """Blocked band attention; returns (out `[nbq, B, h, dil, block, Dv]`, lse `[..., block]`).
 
   Both in float32; rows with no allowed key have out 0 and lse NEG_INF. `q` is unscaled.

@@ -31,19 +31,21 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from attention import validation
-from attention.block_sparse_plan import make_plan
+from attention.block_sparse_plan import Static, make_plan
 from attention.dot_product import NEG_INF
 
 
 # --- Static selection along an axis: slices, broadcasts and concatenates, never a gather. ---
 
-def _take_pieces(x, idx: tuple, axis: int):
+def _take_pieces(x: jax.Array, idx: tuple[int, ...], axis: int) -> jax.Array:
   """x taken at the static positions `idx` along `axis`, as one concatenate of slices."""
   pieces, i, n = [], 0, len(idx)
   while i < n:
@@ -62,7 +64,7 @@ def _take_pieces(x, idx: tuple, axis: int):
   return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=axis)
 
 
-def _untake(ct, idx: tuple, num_src: int, axis: int):
+def _untake(ct: jax.Array, idx: tuple[int, ...], num_src: int, axis: int) -> jax.Array:
   """Transpose of `_take_pieces`: sums the cotangent slices back onto their source positions."""
   dests = [[] for _ in range(num_src)]
   for d, s in enumerate(idx):
@@ -116,7 +118,7 @@ def _static_take_bwd(idx, axis, num_src, _, ct):
 _static_take_vjp.defvjp(_static_take_fwd, _static_take_bwd)
 
 
-def static_take(x, idx, axis: int):
+def static_take(x: jax.Array, idx: Sequence[int], axis: int) -> jax.Array:
   """`jnp.take(x, idx, axis)` for a static index list, built from slices (gradient included)."""
   idx = tuple(int(i) for i in idx)
   if idx == tuple(range(x.shape[axis])):
@@ -133,7 +135,7 @@ def static_take(x, idx, axis: int):
 CHUNK_SCORE_ELEMENTS = 1 << 19
 
 
-def _chunk_mask(spec, ok, start, chunk: int):
+def _chunk_mask(spec: Static, ok: jax.Array, start: jax.Array, chunk: int) -> jax.Array:
   """Fine mask `[c, B|1, Hx, bq|1, K*bk]` of rows start .. start + chunk of a bucket."""
   allowed = jax.lax.dynamic_slice_in_dim(ok, start, chunk, axis=0)       # [c, B, Hx, 1, K*bk]
   if spec.causal or spec.pair is not None:
@@ -146,16 +148,17 @@ def _chunk_mask(spec, ok, start, chunk: int):
   return allowed
 
 
-def _scores(qc, kc):
+def _scores(qc: jax.Array, kc: jax.Array) -> jax.Array:
   scale = 1.0 / math.sqrt(qc.shape[-1])
   return jnp.einsum("cbhqd,cbhkd->cbhqk", qc, kc, preferred_element_type=jnp.float32) * scale
 
 
-def _slice_rows(start, chunk, *xs):
+def _slice_rows(start: jax.Array | int, chunk: int, *xs: jax.Array) -> list[jax.Array]:
   return [jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=0) for x in xs]
 
 
-def _chunk_forward(qc, kc, vc, allowed):
+def _chunk_forward(qc: jax.Array, kc: jax.Array, vc: jax.Array,
+                   allowed: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Softmax attention of one scan step's rows: (out, lse), f32."""
   s = jnp.where(allowed, _scores(qc, kc), NEG_INF)                       # [c, B, H, bq, K*bk]
   row_max = jnp.max(s, axis=-1, keepdims=True)
@@ -168,7 +171,8 @@ def _chunk_forward(qc, kc, vc, allowed):
   return o, lse
 
 
-def _chunk_backward(qc, kc, vc, doc, lc, dc, allowed):
+def _chunk_backward(qc: jax.Array, kc: jax.Array, vc: jax.Array, doc: jax.Array, lc: jax.Array,
+                    dc: jax.Array, allowed: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Gradients (dq, dk, dv) of one scan step's rows, f32, from the saved log-sum-exp `lc` and
   `dc` = rowsum(dO * O) - dlse."""
   scale = 1.0 / math.sqrt(qc.shape[-1])
@@ -181,14 +185,16 @@ def _chunk_backward(qc, kc, vc, doc, lc, dc, allowed):
   return dq, dk, dv
 
 
-def _backward_inputs(do, o, lse, dlse):
+def _backward_inputs(do: jax.Array, o: jax.Array, lse: jax.Array,
+                     dlse: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(dO in f32, delta = rowsum(dO * O) - dlse, lse with NEG_INF rows set to 0)."""
   do = do.astype(jnp.float32)
   delta = jnp.sum(do * o, axis=-1) - dlse                                 # [R, B, H, bq]
   return do, delta, jnp.where(lse > 0.5 * NEG_INF, lse, 0.0)
 
 
-def _forward(spec, qw, kw, vw, ok):
+def _forward(spec: Static, qw: jax.Array, kw: jax.Array, vw: jax.Array,
+             ok: jax.Array) -> tuple[jax.Array, jax.Array]:
   rows, chunk = qw.shape[0], spec.chunk
 
   def step(_, j):
@@ -201,7 +207,8 @@ def _forward(spec, qw, kw, vw, ok):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(spec, qw, kw, vw, ok):
+def _attend(spec: Static, qw: jax.Array, kw: jax.Array, vw: jax.Array,
+            ok: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Softmax attention of assembled rows: qw `[R, B, H, bq, D]`, kw/vw `[R, B, H, K*bk, .]`,
   ok bool `[R, B, Hx, 1, K*bk]`. Returns (out `[R, B, H, bq, Dv]`, lse `[R, B, H, bq]`), f32."""
   return _forward(spec, qw, kw, vw, ok)
@@ -233,7 +240,7 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 
 # --- Streamed buckets: one row per scan step, its key blocks read by dynamic slices. ---
 
-def _read_row(xb, ids, uniform):
+def _read_row(xb: jax.Array, ids: jax.Array, uniform: tuple[bool, ...]) -> jax.Array:
   """The key blocks of one row: xb `[nkb, B, H, bk, E]`, ids int `[Hl, K]` -> `[1, B, H, K*bk, E]`.
 
   A slot the same for every head is one dynamic slice of all heads, a per-head slot one slice
@@ -250,7 +257,8 @@ def _read_row(xb, ids, uniform):
   return jnp.stack(parts, axis=3).reshape(1, b_, h, len(uniform) * bk, e)
 
 
-def _add_row(acc, g, ids, uniform):
+def _add_row(acc: jax.Array, g: jax.Array, ids: jax.Array,
+             uniform: tuple[bool, ...]) -> jax.Array:
   """Transpose of `_read_row`: adds g `[1, B, H, K*bk, E]` into acc `[nkb, B, H, bk, E]`."""
   _, b_, h, bk, e = acc.shape
   g = g.reshape(1, b_, h, len(uniform), bk, e)
@@ -268,7 +276,8 @@ def _add_row(acc, g, ids, uniform):
   return acc
 
 
-def _stream_forward(spec, qw, kb, vb, ok):
+def _stream_forward(spec: Static, qw: jax.Array, kb: jax.Array, vb: jax.Array,
+                    ok: jax.Array) -> tuple[jax.Array, jax.Array]:
   idx = jnp.asarray(spec.idx)                                           # [R, Hl, K]
 
   def step(_, xs):
@@ -282,7 +291,8 @@ def _stream_forward(spec, qw, kb, vb, ok):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend_stream(spec, qw, kb, vb, ok):
+def _attend_stream(spec: Static, qw: jax.Array, kb: jax.Array, vb: jax.Array,
+                   ok: jax.Array) -> tuple[jax.Array, jax.Array]:
   """`_attend` of a streamed bucket: qw `[R, B, H, bq, D]`, kb/vb the key blocks `[nkb, B, H,
   bk, .]`, ok bool `[R, B, Hx, 1, K*bk]`; row r reads blocks `spec.idx[r]`."""
   return _stream_forward(spec, qw, kb, vb, ok)
@@ -315,7 +325,7 @@ def _attend_stream_bwd(spec, res, cts):
 _attend_stream.defvjp(_attend_stream_fwd, _attend_stream_bwd)
 
 
-def _assemble(xb, spec, heads: int):
+def _assemble(xb: jax.Array, spec: Static, heads: int) -> jax.Array:
   """Key blocks of every row of a bucket: `[nkb, B, Hx, bk, E]` -> `[R, B, heads, K * bk, E]`.
 
   Shift slots are static slices, constant slots broadcasts, the rest one one-hot matmul; an
@@ -348,11 +358,12 @@ def _assemble(xb, spec, heads: int):
   return out.reshape(r, b_, heads, spec.num_slots * bk, e)
 
 
-def _pad_rows(x, rows: int):
+def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
   return x if x.shape[0] == rows else jnp.pad(x, [(0, rows - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
 
 
-def sparse_core(q, k, v, key_ok, plan):
+def sparse_core(q: jax.Array, k: jax.Array, v: jax.Array, key_ok: jax.Array,
+                plan: Static) -> tuple[jax.Array, jax.Array]:
   """Block-sparse attention on padded arrays, returning the softmax statistics.
 
   Args:
@@ -404,7 +415,8 @@ def sparse_core(q, k, v, key_ok, plan):
   return out, lse
 
 
-def merge_parts(parts):
+def merge_parts(
+    parts: Sequence[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Array]:
   """Combines normalised partial results [(out, lse), ...] over disjoint key sets."""
   if len(parts) == 1:
     return parts[0]
@@ -418,7 +430,7 @@ def merge_parts(parts):
 
 # --- Public entry point. ---
 
-def check_layout(layout, *, num_blocks: int, num_heads: int, length: int,
+def check_layout(layout: np.ndarray, *, num_blocks: int, num_heads: int, length: int,
                  block_size: int) -> np.ndarray:
   """Checks a block layout against the sequence; returns it as a numpy bool array."""
   if isinstance(layout, jax.core.Tracer) or isinstance(layout, jax.Array):
@@ -437,8 +449,9 @@ def check_layout(layout, *, num_blocks: int, num_heads: int, length: int,
   return layout
 
 
-def block_sparse_attention(q, k, v, *, layout, block_size: int, causal: bool = False,
-                           key_mask=None):
+def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, layout: np.ndarray,
+                           block_size: int, causal: bool = False,
+                           key_mask: jax.Array | None = None) -> jax.Array:
   """Attention over a static block layout, computing only the non-empty blocks.
 
   Args:
@@ -466,14 +479,15 @@ def block_sparse_attention(q, k, v, *, layout, block_size: int, causal: bool = F
   return _block_sparse(q, k, v, key_mask, plan=plan)
 
 
-def pad_tokens(x, padded: int):
+def pad_tokens(x: jax.Array, padded: int) -> jax.Array:
   """Zero-pads axis 1 (tokens) of `x` to `padded`."""
   pad = [(0, 0)] * x.ndim
   pad[1] = (0, padded - x.shape[1])
   return jnp.pad(x, pad)
 
 
-def finish(out, real, length: int, dtype):
+def finish(out: jax.Array, real: jax.Array | None, length: int,
+           dtype: DTypeLike) -> jax.Array:
   """`[B, >=L, H, Dv]` float32 -> `[B, L, H, Dv]` in `dtype`, padded queries set to 0."""
   out = out[:, :length]
   if real is not None:
@@ -482,7 +496,8 @@ def finish(out, real, length: int, dtype):
 
 
 @functools.partial(jax.jit, static_argnames=("plan",))
-def _block_sparse(q, k, v, key_mask, *, plan):
+def _block_sparse(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
+                  plan: Static) -> jax.Array:
   b_, length = q.shape[:2]
   padded = plan.nqb * plan.q_block
   key_ok = jnp.ones((b_, length), bool) if key_mask is None else key_mask

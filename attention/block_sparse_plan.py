@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -48,18 +49,18 @@ ALL_SHARE = 0.75         # a bucket whose every row reads this share of the key 
 class Static:
   """Hashable-by-key holder of static (numpy) data, usable as a jit static argument."""
 
-  def __init__(self, key, **fields):
+  def __init__(self, key: Any, **fields: Any) -> None:
     self._key = key
     self.__dict__.update(fields)
 
-  def __hash__(self):
+  def __hash__(self) -> int:
     return hash(self._key)
 
-  def __eq__(self, other):
+  def __eq__(self, other: object) -> bool:
     return isinstance(other, Static) and self._key == other._key
 
 
-def digest(*parts) -> str:
+def digest(*parts: Any) -> str:
   """A content hash of numpy arrays and reprs, used as plan identity."""
   h = hashlib.sha1()
   for p in parts:
@@ -99,7 +100,9 @@ def bucket_rows(counts: np.ndarray, max_buckets: int = MAX_BUCKETS) -> list[list
   return [sorted(rows[a:b]) for a, b in reversed(bounds)]
 
 
-def assign_slots(sets, rows, num_key_blocks: int):
+def assign_slots(
+    sets: Sequence[Sequence[set[int]]], rows: Sequence[int],
+    num_key_blocks: int) -> tuple[tuple, np.ndarray | None, np.ndarray, np.ndarray]:
   """Assigns the key blocks of a bucket to shift, constant and one-hot slots.
 
   Args:
@@ -169,8 +172,10 @@ def assign_slots(sets, rows, num_key_blocks: int):
 _PLANS: dict = {}
 
 
-def make_plan(layout, *, q_block: int, k_block: int, causal: bool = False, q_pos=None,
-              k_pos=None, pair=None, batch_heads: int = 1, max_buckets: int = MAX_BUCKETS):
+def make_plan(layout: np.ndarray, *, q_block: int, k_block: int, causal: bool = False,
+              q_pos: np.ndarray | None = None, k_pos: np.ndarray | None = None,
+              pair: Callable[[Any, Any], Any] | None = None, batch_heads: int = 1,
+              max_buckets: int = MAX_BUCKETS) -> Static:
   """Plans block-sparse attention for a static layout `[nqb, nkb]` or `[H, nqb, nkb]`.
 
   `q_pos`/`k_pos` are the token positions of the blocked query and key sequences (default:

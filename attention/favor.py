@@ -54,22 +54,26 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from attention import linear, validation
 from attention.dot_product import NEG_INF
 
 KERNELS = ("softmax", "relu")
+# Partial sums of queries (numerator, denominator, log-scale) or a key state (S, z, t).
+ThreeArrays = tuple[jax.Array, jax.Array, jax.Array]
 # Added to ReLU features so that every denominator is positive (as in the Performer code).
 RELU_EPSILON = 1e-3
 
 
-def _check_positive_int(name: str, value) -> int:
+def _check_positive_int(name: str, value: int) -> int:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
     raise ValueError(f"{name} must be a positive int, got {value!r}.")
   return int(value)
 
 
-def favor_features(key, num_features: int, head_dim: int, *, orthogonal: bool = True):
+def favor_features(key: jax.Array | int, num_features: int, head_dim: int, *,
+                   orthogonal: bool = True) -> jax.Array:
   """Draws the `[num_features, head_dim]` float32 random projection W of FAVOR+.
 
   Args:
@@ -96,7 +100,7 @@ def favor_features(key, num_features: int, head_dim: int, *, orthogonal: bool = 
   return rows * norms[:, None]
 
 
-def orthonormal_columns(g):
+def orthonormal_columns(g: jax.Array) -> jax.Array:
   """The Q factor of `g = QR` `[..., d, d]` with diag(R) > 0, by Gram-Schmidt without LAPACK.
 
   This is the QR of a Gaussian matrix with the sign correction (so Q is Haar-distributed), up to
@@ -121,7 +125,7 @@ def orthonormal_columns(g):
   return jax.lax.fori_loop(0, d, column, jnp.zeros_like(g))
 
 
-def check_features(features, head_dim: int) -> None:
+def check_features(features: ArrayLike, head_dim: int) -> None:
   """Checks that `features` is an `[m, head_dim]` matrix drawn for this head dimension."""
   shape = tuple(np.shape(features))
   if len(shape) != 2 or shape[1] != head_dim or shape[0] < 1:
@@ -131,8 +135,9 @@ def check_features(features, head_dim: int) -> None:
         f"head_dim={head_dim}).")
 
 
-def favor_attention(q, k, v, *, features, causal: bool = False, key_mask=None,
-                    chunk_size: int | None = None, kernel: str = "softmax"):
+def favor_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, features: ArrayLike,
+                    causal: bool = False, key_mask: jax.Array | None = None,
+                    chunk_size: int | None = None, kernel: str = "softmax") -> jax.Array:
   """FAVOR+ attention: linear-time estimate of softmax attention with random features.
 
   Args:
@@ -163,7 +168,7 @@ def favor_attention(q, k, v, *, features, causal: bool = False, key_mask=None,
                 kernel=kernel)
 
 
-def _log_features(x, w, *, with_norm: bool):
+def _log_features(x: jax.Array, w: jax.Array, *, with_norm: bool) -> jax.Array:
   """Exponents w_r.x' (- |x'|^2 / 2 if `with_norm`), x' = x d^{-1/4}: `[B, H, L, D]` -> float32
   `[B, H, L, m]`. The projection runs at full float32 precision: an error in an exponent is a
   relative error of the feature, and default-precision matmuls (TF32 on GPUs, bfloat16 passes on
@@ -174,7 +179,8 @@ def _log_features(x, w, *, with_norm: bool):
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "chunk", "kernel"))
-def _favor(q, k, v, features, key_mask, *, causal: bool, chunk: int, kernel: str):
+def _favor(q: jax.Array, k: jax.Array, v: jax.Array, features: jax.Array,
+           key_mask: jax.Array | None, *, causal: bool, chunk: int, kernel: str) -> jax.Array:
   head_major = lambda x: jnp.swapaxes(x, 1, 2)                     # [B, L, H, .] <-> [B, H, L, .]
   w = features.astype(jnp.float32)                                 # [m, D]
   q, k, v = head_major(q), head_major(k), head_major(v).astype(jnp.float32)  # [B, H, L, D]
@@ -209,7 +215,8 @@ def _favor(q, k, v, features, key_mask, *, causal: bool, chunk: int, kernel: str
   return head_major(out).astype(q.dtype)                           # [B, Lq, H, Dv]
 
 
-def _bidirectional_softmax(a, b, v, real):
+def _bidirectional_softmax(a: jax.Array, b: jax.Array, v: jax.Array,
+                           real: jax.Array | None) -> jax.Array:
   """Positive-feature attention from exponents a `[B, H, Lq, m]`, b `[B, H, Lk, m]`."""
   y = jax.lax.stop_gradient(jnp.max(b, axis=2, keepdims=True))     # [B, H, 1, m] per feature
   phi_k = jnp.exp(b - y)                                           # <= 1, max 1 in every column
@@ -225,7 +232,7 @@ def _power_of_two_chunk(chunk: int, length: int) -> int:
   return min(1 << (chunk.bit_length() - 1), 1 << max(0, (length - 1).bit_length()))
 
 
-def _merge(acc, part):
+def _merge(acc: ThreeArrays, part: ThreeArrays) -> ThreeArrays:
   """Adds two partial sums (num `[..., Dv]`, den `[...]`, log-scale x `[...]`) of one query."""
   (num0, den0, x0), (num1, den1, x1) = acc, part
   x = jnp.maximum(x0, x1)
@@ -233,13 +240,15 @@ def _merge(acc, part):
   return num0 * w0[..., None] + num1 * w1[..., None], den0 * w0 + den1 * w1, x
 
 
-def _causal_softmax(a, b, v, real, chunk: int):
+def _causal_softmax(a: jax.Array, b: jax.Array, v: jax.Array, real: jax.Array,
+                    chunk: int) -> jax.Array:
   num, den, _ = causal_softmax_parts(a, b, v, real, chunk)
   has = den > 0                                                    # >= 1 when any real key
   return jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
 
 
-def causal_softmax_parts(a, b, v, real, chunk: int, prefix=None):
+def causal_softmax_parts(a: jax.Array, b: jax.Array, v: jax.Array, real: jax.Array, chunk: int,
+                         prefix: ThreeArrays | None = None) -> ThreeArrays:
   """Causal positive-feature attention from exponents a, b `[B, H, L, m]` (b = NEG_INF at
   padded keys), v `[B, H, L, Dv]` (0 at padded keys), real `[B, 1, L]`; chunk a power of two.
 
@@ -288,7 +297,7 @@ def causal_softmax_parts(a, b, v, real, chunk: int, prefix=None):
   return cut(num), cut(den), cut(x)
 
 
-def _diagonal(a, b, v, real):
+def _diagonal(a: jax.Array, b: jax.Array, v: jax.Array, real: jax.Array) -> ThreeArrays:
   """Query i with key i, exactly: the largest term of the feature sum is 1."""
   e = a + b                                                        # [B, H, N, C, m]
   x = jax.lax.stop_gradient(jnp.max(e, axis=-1))                   # [B, H, N, C]
@@ -296,7 +305,8 @@ def _diagonal(a, b, v, real):
   return den[..., None] * v, den, x
 
 
-def _left_to_right(a, phi_k, y, v, size: int):
+def _left_to_right(a: jax.Array, phi_k: jax.Array, y: jax.Array, v: jax.Array,
+                   size: int) -> ThreeArrays:
   """In blocks of 2 * size positions, right-half queries with left-half keys: phi_k relative to
   y, the per-feature max of the left half (whose keys all come before the queries)."""
   bsz, h, n, chunk, _ = a.shape
@@ -313,7 +323,8 @@ def _left_to_right(a, phi_k, y, v, size: int):
   return right(num, 0.0), right(den, 0.0), right(x, NEG_INF)
 
 
-def _earlier_chunks(a, phi_k, t, v, prefix=None):
+def _earlier_chunks(a: jax.Array, phi_k: jax.Array, t: jax.Array, v: jax.Array,
+                    prefix: ThreeArrays | None = None) -> ThreeArrays:
   """Queries of chunk n with the keys of chunks < n: per-chunk states (S, z) of phi_k (relative
   to the chunk's per-feature max t `[B, H, N, m]`), carried relative to their running max,
   starting from `prefix` (S, z, t) when given (else nothing)."""

@@ -35,6 +35,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from attention import validation
 from attention.dot_product import NEG_INF
@@ -42,15 +43,15 @@ from attention.dot_product import NEG_INF
 DEFAULT_BLOCK_SIZE = 128
 
 
-def _check_block_size(block_size) -> int:
+def _check_block_size(block_size: int) -> int:
   if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
       or block_size < 1:
     raise ValueError(f"block_size must be a positive int, got {block_size!r}.")
   return int(block_size)
 
 
-def _check_block_mask(block_mask, b: int, h: int, nq: int, nk: int, block_size: int, lq: int,
-                      lk: int):
+def _check_block_mask(block_mask: ArrayLike, b: int, h: int, nq: int, nk: int, block_size: int,
+                      lq: int, lk: int) -> jax.Array:
   """`block_mask` as bool `[B|1, H|1, nq, nk]`; raises with the expected shape."""
   block_mask = jnp.asarray(block_mask, bool)
   shape = tuple(block_mask.shape)
@@ -67,8 +68,10 @@ def _check_block_mask(block_mask, b: int, h: int, nq: int, nk: int, block_size: 
   return block_mask
 
 
-def flash_attention(q, k, v, *, key_mask=None, query_mask=None, causal: bool = False,
-                    block_mask=None, block_size: int = DEFAULT_BLOCK_SIZE):
+def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                    key_mask: jax.Array | None = None, query_mask: jax.Array | None = None,
+                    causal: bool = False, block_mask: ArrayLike | None = None,
+                    block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
   """Exact dense attention, computed block by block with an online softmax (O(L) memory).
 
   Args:
@@ -101,14 +104,14 @@ def flash_attention(q, k, v, *, key_mask=None, query_mask=None, causal: bool = F
                 causal=bool(causal))
 
 
-def _blocks(x, n: int, blk: int):
+def _blocks(x: jax.Array, n: int, blk: int) -> jax.Array:
   """`[B, L, H, E]` -> `[n, B, H, blk, E]`, zero-padding the length to n * blk."""
   b, length, h, e = x.shape
   x = jnp.pad(x, ((0, 0), (0, n * blk - length), (0, 0), (0, 0)))
   return x.reshape(b, n, blk, h, e).transpose(1, 0, 3, 2, 4)
 
 
-def _token_blocks(ok, b: int, length: int, n: int, blk: int):
+def _token_blocks(ok: jax.Array | None, b: int, length: int, n: int, blk: int) -> jax.Array:
   """bool `[B, L]` or None -> `[n, B, blk]`, False past the length."""
   ok = jnp.ones((b, length), bool) if ok is None else jnp.asarray(ok, bool)
   ok = jnp.pad(ok, ((0, 0), (0, n * blk - length)))
@@ -116,7 +119,9 @@ def _token_blocks(ok, b: int, length: int, n: int, blk: int):
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "causal"))
-def _flash(q, k, v, key_mask, query_mask, block_mask, *, block_size: int, causal: bool):
+def _flash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None,
+           query_mask: jax.Array | None, block_mask: jax.Array | None, *, block_size: int,
+           causal: bool) -> jax.Array:
   b, lq, h, _ = q.shape
   lk, dv = k.shape[1], v.shape[-1]
   # A sequence shorter than one block is one block of its own length (same block grid).
@@ -137,13 +142,14 @@ def _flash(q, k, v, key_mask, query_mask, block_mask, *, block_size: int, causal
   return out.astype(q.dtype)
 
 
-def _scores(qblk, kblk):
+def _scores(qblk: jax.Array, kblk: jax.Array) -> jax.Array:
   """`[B, H, bq, D] x [B, H, bk, D]` -> float32 `[B, H, bq, bk]` logits (dot_product's scale)."""
   scale = 1.0 / jnp.sqrt(jnp.float32(qblk.shape[-1]))
   return jnp.einsum("bhqd,bhkd->bhqk", qblk, kblk, preferred_element_type=jnp.float32) * scale
 
 
-def _allowed(static, qi, ki, qok, kok, bm_pair):
+def _allowed(static: tuple[bool, int, int], qi: jax.Array, ki: jax.Array, qok: jax.Array,
+             kok: jax.Array, bm_pair: jax.Array | None) -> jax.Array:
   """bool `[B, H|1, bq, bk]`: the allowed pairs of query block qi and key block ki."""
   causal, bq, bk = static
   allowed = qok[:, None, :, None] & kok[:, None, None, :]
@@ -156,7 +162,9 @@ def _allowed(static, qi, ki, qok, kok, bm_pair):
   return allowed
 
 
-def _forward(static, qb, kb, vb, q_ok, k_ok, bm, live):
+def _forward(static: tuple[bool, int, int], qb: jax.Array, kb: jax.Array, vb: jax.Array,
+             q_ok: jax.Array, k_ok: jax.Array, bm: jax.Array | None,
+             live: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Online softmax: (out `[nq, B, H, bq, Dv]`, lse `[nq, B, H, bq]`), float32."""
   nq, nk = qb.shape[0], kb.shape[0]
   b, h, bq = qb.shape[1], qb.shape[2], qb.shape[3]
@@ -193,7 +201,8 @@ def _forward(static, qb, kb, vb, q_ok, k_ok, bm, live):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(static, qb, kb, vb, q_ok, k_ok, bm, live):
+def _core(static: tuple[bool, int, int], qb: jax.Array, kb: jax.Array, vb: jax.Array,
+          q_ok: jax.Array, k_ok: jax.Array, bm: jax.Array | None, live: jax.Array) -> jax.Array:
   """Block-major attention: qb `[nq, B, H, bq, D]`, kb/vb `[nk, B, H, bk, .]`, q_ok
   `[nq, B, bq]`, k_ok `[nk, B, bk]`, bm `[nq, nk, B|1, H|1]` or None, live `[nq, nk]` (pairs
   worth computing). Returns float32 `[nq, B, H, bq, Dv]`."""

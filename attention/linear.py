@@ -46,7 +46,7 @@ from attention.dot_product import NEG_INF
 DEFAULT_CHUNK_SIZE = 128
 
 
-def check_chunk_size(chunk_size) -> int:
+def check_chunk_size(chunk_size: int | None) -> int:
   """Checks `chunk_size` (None for the default, else a positive int) and returns it."""
   if chunk_size is None:
     return DEFAULT_CHUNK_SIZE
@@ -57,13 +57,14 @@ def check_chunk_size(chunk_size) -> int:
   return int(chunk_size)
 
 
-def _normalise(num, den):
+def _normalise(num: jax.Array, den: jax.Array) -> jax.Array:
   """num `[..., L, Dv]` / den `[..., L]`, with exactly 0 where den is 0 (no key)."""
   has = den > 0
   return jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
 
 
-def bidirectional_linear_attention(phi_q, phi_k, v):
+def bidirectional_linear_attention(phi_q: jax.Array, phi_k: jax.Array,
+                                   v: jax.Array) -> jax.Array:
   """Non-causal kernelized attention from features, head-major; float32 `[B, H, Lq, Dv]`.
 
   Arrays are head-major (`[B, H, L, ...]`, the layout in which every matmul here has its batch
@@ -82,7 +83,7 @@ def bidirectional_linear_attention(phi_q, phi_k, v):
   return _normalise(num, den)
 
 
-def _exclusive_cumsum(x, axis: int):
+def _exclusive_cumsum(x: jax.Array, axis: int) -> jax.Array:
   """Sum of the entries strictly before each index along `axis`."""
   pad = [(0, 0)] * x.ndim
   pad[axis] = (1, 0)
@@ -90,8 +91,9 @@ def _exclusive_cumsum(x, axis: int):
   return jax.lax.slice_in_dim(jnp.pad(summed, pad), 0, x.shape[axis], axis=axis)
 
 
-def causal_linear_attention(phi_q, phi_k, v, chunk_size: int | None = None,
-                            key_log_scale=None):
+def causal_linear_attention(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
+                            chunk_size: int | None = None,
+                            key_log_scale: jax.Array | None = None) -> jax.Array:
   """Causal kernelized attention by chunked prefix sums, head-major; float32 `[B, H, L, Dv]`.
 
   Query i uses keys j <= i only. Inside each chunk of `chunk_size` positions a masked
@@ -118,12 +120,15 @@ def causal_linear_attention(phi_q, phi_k, v, chunk_size: int | None = None,
 
 
 @functools.partial(jax.jit, static_argnames=("chunk",))
-def _causal_core(phi_q, phi_k, v, key_log_scale, *, chunk: int):
+def _causal_core(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
+                 key_log_scale: jax.Array | None, *, chunk: int) -> jax.Array:
   num, den = causal_parts(phi_q, phi_k, v, key_log_scale, chunk=chunk)
   return _normalise(num, den)
 
 
-def causal_parts(phi_q, phi_k, v, key_log_scale=None, *, chunk: int, prefix=None):
+def causal_parts(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
+                 key_log_scale: jax.Array | None = None, *, chunk: int,
+                 prefix: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, jax.Array]:
   """The numerator `[B, H, L, Dv]` and denominator `[B, H, L]` of causal kernelized attention
   (`_causal_core` divides them). `prefix` (S `[B, H, M, Dv]`, z `[B, H, M]`, only without
   `key_log_scale`) holds the state of keys before position 0 (another device's), added to every
@@ -195,13 +200,14 @@ def causal_parts(phi_q, phi_k, v, key_log_scale=None, *, chunk: int, prefix=None
           den.reshape(b, h, n * chunk)[:, :, :length])
 
 
-def elu_features(x):
+def elu_features(x: jax.Array) -> jax.Array:
   """The elu(x) + 1 feature map of Katharopoulos et al., in float32 (positive everywhere)."""
   return jax.nn.elu(x.astype(jnp.float32)) + 1.0
 
 
-def linear_attention(q, k, v, *, causal: bool = False, key_mask=None,
-                     chunk_size: int | None = None):
+def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
+                     key_mask: jax.Array | None = None,
+                     chunk_size: int | None = None) -> jax.Array:
   """Linear attention with the elu(x) + 1 feature map (Katharopoulos et al. 2020).
 
   Args:
@@ -225,7 +231,8 @@ def linear_attention(q, k, v, *, causal: bool = False, key_mask=None,
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "chunk"))
-def _linear_attention(q, k, v, key_mask, *, causal: bool, chunk: int):
+def _linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
+                      causal: bool, chunk: int) -> jax.Array:
   head_major = lambda x: jnp.swapaxes(x, 1, 2)                     # [B, L, H, .] <-> [B, H, L, .]
   phi_q, phi_k = elu_features(head_major(q)), elu_features(head_major(k))  # [B, H, L, D]
   v = head_major(v).astype(jnp.float32)

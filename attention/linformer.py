@@ -45,12 +45,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from attention import validation
 from attention.dot_product import masked_softmax_stats
 
 
-def _check_projection(name: str, proj, length: int, heads: int) -> None:
+def _check_projection(name: str, proj: ArrayLike, length: int, heads: int) -> None:
   shape = tuple(np.shape(proj))
   if len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != heads):
     raise ValueError(
@@ -64,7 +65,7 @@ def _check_projection(name: str, proj, length: int, heads: int) -> None:
         f"at least {length}.")
 
 
-def _project(x, proj):
+def _project(x: jax.Array, proj: jax.Array) -> jax.Array:
   """Projects `[B, L, H, D]` along L with `[L, K]` or `[H, L, K]`; returns `[B, K, H, D]`, in
   float32 whatever the input dtype (XLA:CPU has no bfloat16 dot with a float32 result)."""
   x, proj = x.astype(jnp.float32), proj.astype(jnp.float32)
@@ -73,7 +74,7 @@ def _project(x, proj):
   return jnp.einsum("blhd,hlk->bkhd", x, proj, preferred_element_type=jnp.float32)
 
 
-def _fed_slots(real, proj):
+def _fed_slots(real: jax.Array, proj: jax.Array) -> jax.Array:
   """`[B, H|1, K]` bool: slots with a nonzero projection weight at some real position."""
   nonzero = (proj != 0).astype(jnp.float32)
   real = real.astype(jnp.float32)
@@ -82,7 +83,8 @@ def _fed_slots(real, proj):
   return jnp.einsum("bl,hlk->bhk", real, nonzero) > 0
 
 
-def _attend_slots(q, kp, vp, slot_ok, query_mask):
+def _attend_slots(q: jax.Array, kp: jax.Array, vp: jax.Array, slot_ok: jax.Array,
+                  query_mask: jax.Array | None) -> jax.Array:
   """Softmax attention of q `[B, Lq, H, D]` over slot keys kp and values vp `[B, K, H, .]`
   (float32); slot_ok `[B, H|1, K]` removes the slots no real position feeds."""
   scale = 1.0 / math.sqrt(q.shape[-1])
@@ -95,7 +97,8 @@ def _attend_slots(q, kp, vp, slot_ok, query_mask):
   return out.astype(q.dtype)
 
 
-def _real_rows(key_mask, b_, lk, proj_k, proj_v):
+def _real_rows(key_mask: jax.Array | None, b_: int, lk: int, proj_k: jax.Array,
+               proj_v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(real `[B, L]`, proj_k and proj_v cut to their first L rows)."""
   proj_k = jax.lax.slice_in_dim(proj_k, 0, lk, axis=proj_k.ndim - 2)  # [(H,) L, K]
   proj_v = jax.lax.slice_in_dim(proj_v, 0, lk, axis=proj_v.ndim - 2)
@@ -103,12 +106,13 @@ def _real_rows(key_mask, b_, lk, proj_k, proj_v):
   return real, proj_k, proj_v
 
 
-def _zero_pad(x, real):
+def _zero_pad(x: jax.Array, real: jax.Array) -> jax.Array:
   return jnp.where(real.reshape(real.shape + (1,) * (x.ndim - 2)), x, jnp.zeros((), x.dtype))
 
 
 @jax.jit
-def _linformer(q, k, v, proj_k, proj_v, key_mask, query_mask):
+def _linformer(q: jax.Array, k: jax.Array, v: jax.Array, proj_k: jax.Array, proj_v: jax.Array,
+               key_mask: jax.Array | None, query_mask: jax.Array | None) -> jax.Array:
   real, proj_k, proj_v = _real_rows(key_mask, q.shape[0], k.shape[1], proj_k, proj_v)
   kp = _project(_zero_pad(k, real), proj_k.astype(k.dtype))           # [B, K, H, D] f32
   vp = _project(_zero_pad(v, real), proj_v.astype(v.dtype))           # [B, K, H, Dv] f32
@@ -117,7 +121,10 @@ def _linformer(q, k, v, proj_k, proj_v, key_mask, query_mask):
 
 
 @functools.partial(jax.jit, static_argnames=("shared",))
-def _linformer_inputs(q, x_k, x_v, w_k, w_v, proj_k, proj_v, key_mask, query_mask, *, shared):
+def _linformer_inputs(q: jax.Array, x_k: jax.Array, x_v: jax.Array, w_k: jax.Array,
+                      w_v: jax.Array, proj_k: jax.Array, proj_v: jax.Array,
+                      key_mask: jax.Array | None, query_mask: jax.Array | None, *,
+                      shared: bool) -> jax.Array:
   real, proj_k, proj_v = _real_rows(key_mask, q.shape[0], x_k.shape[1], proj_k, proj_v)
   f32 = lambda a: a.astype(jnp.float32)
   slots = lambda x, proj: jnp.einsum("ble,lk->bke", f32(_zero_pad(x, real)), f32(proj))
@@ -129,7 +136,7 @@ def _linformer_inputs(q, x_k, x_v, w_k, w_v, proj_k, proj_v, key_mask, query_mas
   return _attend_slots(q, kp, vp, slot_ok, query_mask)
 
 
-def _refuse_causal(causal, name: str) -> None:
+def _refuse_causal(causal: bool, name: str) -> None:
   if causal:
     raise ValueError(
         f"{name} cannot be causal: each projected slot mixes keys from every "
@@ -137,7 +144,7 @@ def _refuse_causal(causal, name: str) -> None:
         "(dot_product, band, lsh) for autoregressive models.")
 
 
-def _check_projections(proj_k, proj_v, lk: int, h: int) -> None:
+def _check_projections(proj_k: ArrayLike, proj_v: ArrayLike, lk: int, h: int) -> None:
   _check_projection("proj_k", proj_k, lk, h)
   _check_projection("proj_v", proj_v, lk, h)
   if np.shape(proj_k)[-1] != np.shape(proj_v)[-1]:
@@ -146,8 +153,11 @@ def _check_projections(proj_k, proj_v, lk: int, h: int) -> None:
         f"{tuple(np.shape(proj_k))} and {tuple(np.shape(proj_v))}.")
 
 
-def linformer_from_inputs(q, x_k, x_v, w_k, w_v, *, proj_k, proj_v, key_mask=None,
-                          query_mask=None, causal: bool = False):
+def linformer_from_inputs(q: jax.Array, x_k: jax.Array, x_v: jax.Array, w_k: jax.Array,
+                          w_v: jax.Array, *, proj_k: ArrayLike, proj_v: ArrayLike,
+                          key_mask: jax.Array | None = None,
+                          query_mask: jax.Array | None = None,
+                          causal: bool = False) -> jax.Array:
   """Linformer attention that projects the layer's inputs along the length before their key and
   value projections: E^T (X W_k) = (E^T X) W_k, so keys and values are computed for the K slots
   only instead of for all L positions. The same function as `linformer_attention(q, X_k W_k,
@@ -190,8 +200,10 @@ def linformer_from_inputs(q, x_k, x_v, w_k, w_v, *, proj_k, proj_v, key_mask=Non
                            key_mask, query_mask, shared=shared)
 
 
-def linformer_attention(q, k, v, *, proj_k, proj_v, key_mask=None, query_mask=None,
-                        causal: bool = False):
+def linformer_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, proj_k: ArrayLike,
+                        proj_v: ArrayLike, key_mask: jax.Array | None = None,
+                        query_mask: jax.Array | None = None,
+                        causal: bool = False) -> jax.Array:
   """Linformer attention with length projections; linear in length.
 
   Args:

@@ -49,13 +49,14 @@ from attention import validation
 from attention.dot_product import NEG_INF, masked_softmax_stats
 
 
-def _check_positive_int(name: str, value, hint: str) -> int:
+def _check_positive_int(name: str, value: int, hint: str) -> int:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
     raise ValueError(f"{name} must be a positive int, got {value!r}; {hint}.")
   return int(value)
 
 
-def check_lsh_args(num_hashes, num_buckets, chunk_size) -> tuple[int, int, int]:
+def check_lsh_args(num_hashes: int, num_buckets: int,
+                   chunk_size: int) -> tuple[int, int, int]:
   """Validates the static LSH settings; returns them as ints."""
   num_hashes = _check_positive_int("num_hashes", num_hashes,
                                    "use 1 to 8 hash rounds (more rounds, fewer missed keys)")
@@ -70,13 +71,14 @@ def check_lsh_args(num_hashes, num_buckets, chunk_size) -> tuple[int, int, int]:
   return num_hashes, num_buckets, chunk_size
 
 
-def shared_qk_keys(qk):
+def shared_qk_keys(qk: jax.Array) -> jax.Array:
   """Keys of shared-QK attention: `qk` RMS-normalised over the last axis (norm sqrt(D))."""
   qk = qk.astype(jnp.float32)
   return qk * jax.lax.rsqrt(jnp.mean(qk * qk, axis=-1, keepdims=True) + 1e-6)
 
 
-def lsh_buckets(qk, *, key, num_hashes: int, num_buckets: int, key_mask=None):
+def lsh_buckets(qk: jax.Array, *, key: jax.Array, num_hashes: int, num_buckets: int,
+                key_mask: jax.Array | None = None) -> jax.Array:
   """Angular LSH buckets of every token in every round.
 
   Args:
@@ -102,7 +104,7 @@ def lsh_buckets(qk, *, key, num_hashes: int, num_buckets: int, key_mask=None):
   return jax.lax.stop_gradient(buckets)
 
 
-def _look_back(x, fill):
+def _look_back(x: jax.Array, fill: float | int | bool) -> jax.Array:
   """`[..., nc, c, ...]` chunks -> `[..., nc, 2c, ...]`: previous chunk then own chunk.
 
   The chunk axis is at position 3 and the in-chunk axis at 4. Chunk 0 gets `fill` as its
@@ -114,15 +116,15 @@ def _look_back(x, fill):
   return jnp.concatenate([prev, x], axis=4)
 
 
-def _searchsorted(sorted_rows, values, side: str):
+def _searchsorted(sorted_rows: jax.Array, values: jax.Array, side: str) -> jax.Array:
   """Row-wise `jnp.searchsorted`: `sorted_rows [..., n]`, `values [m]` -> int32 `[..., m]`."""
   flat = sorted_rows.reshape(-1, sorted_rows.shape[-1])
   out = jax.vmap(lambda row: jnp.searchsorted(row, values, side=side))(flat)
   return out.reshape(sorted_rows.shape[:-1] + values.shape).astype(jnp.int32)
 
 
-def _bucket_aligned_layout(sorted_buckets, perm, *, num_buckets: int, chunk: int,
-                           num_slots: int):
+def _bucket_aligned_layout(sorted_buckets: jax.Array, perm: jax.Array, *, num_buckets: int,
+                           chunk: int, num_slots: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Sorted order with every bucket starting on a chunk boundary (causal mode).
 
   A token's place in this layout is (chunks taken by lower buckets) * chunk + (its rank in its
@@ -155,7 +157,8 @@ def _bucket_aligned_layout(sorted_buckets, perm, *, num_buckets: int, chunk: int
 
 
 @functools.partial(jax.jit, static_argnames=("num_hashes", "num_buckets", "chunk", "causal"))
-def _lsh(qk, v, key, key_mask, *, num_hashes, num_buckets, chunk, causal):
+def _lsh(qk: jax.Array, v: jax.Array, key: jax.Array, key_mask: jax.Array | None, *,
+         num_hashes: int, num_buckets: int, chunk: int, causal: bool) -> jax.Array:
   b_, length, h, d = qk.shape
   dv = v.shape[-1]
   lp = -(-length // chunk) * chunk
@@ -229,8 +232,9 @@ def _lsh(qk, v, key, key_mask, *, num_hashes, num_buckets, chunk, causal):
   return out.astype(qk.dtype)
 
 
-def lsh_attention(qk, v, *, key, num_hashes: int, num_buckets: int, chunk_size: int,
-                  causal: bool = False, key_mask=None):
+def lsh_attention(qk: jax.Array, v: jax.Array, *, key: jax.Array, num_hashes: int,
+                  num_buckets: int, chunk_size: int, causal: bool = False,
+                  key_mask: jax.Array | None = None) -> jax.Array:
   """Reformer LSH self-attention with shared query-key vectors.
 
   Args:

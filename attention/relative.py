@@ -24,6 +24,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from attention import validation
 from attention.dot_product import allowed_mask, masked_softmax_stats
@@ -37,7 +38,7 @@ def _freqs(dim: int) -> np.ndarray:
   return BASE ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)              # [E/2]
 
 
-def sinusoid(distances, dim: int) -> np.ndarray:
+def sinusoid(distances: ArrayLike, dim: int) -> np.ndarray:
   """`[n, dim]` float32 features [sin(d w), cos(d w)] of the integer distances `d: [n]`."""
   angles = np.asarray(distances, np.float64)[:, None] * _freqs(dim)[None, :]
   return np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype(np.float32)
@@ -87,8 +88,9 @@ def position_scores(q_v: jax.Array, w_r: jax.Array, lk: int) -> jax.Array:
   return rel_shift(scores, lk)
 
 
-def relative_attention(q, k, v, *, u, v_bias, w_r, key_mask=None, causal: bool = False,
-                       mask=None):
+def relative_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, u: jax.Array,
+                       v_bias: jax.Array, w_r: jax.Array, key_mask: jax.Array | None = None,
+                       causal: bool = False, mask: ArrayLike | None = None) -> jax.Array:
   """Dense attention with Transformer-XL relative logits; masking as `dot_product_attention`.
 
   q, k: `[B, L, H, D]`; v: `[B, L, H, Dv]`; u, v_bias: `[H, D]`; w_r: `[E, H, D]`.
@@ -105,7 +107,8 @@ def relative_attention(q, k, v, *, u, v_bias, w_r, key_mask=None, causal: bool =
   return jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32)).astype(q.dtype)
 
 
-def factorised_qk(q, k, *, u, v_bias, w_r):
+def factorised_qk(q: jax.Array, k: jax.Array, *, u: jax.Array, v_bias: jax.Array,
+                  w_r: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(q', k') with q'_i . k'_j / sqrt(D') = ((q+u)_i . k_j + (q+v)_i . R[i-j]) / sqrt(D).
 
   q, k `[B, L, H, D]` -> `[B, L, H, D + E]`, E = w_r.shape[0]; for any exact kind that scales

@@ -15,11 +15,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 DEFAULT_BASE = 10000.0
 
 
-def rotary_tables(length: int, dim: int, base: float = DEFAULT_BASE, offset: int = 0):
+def rotary_tables(length: int, dim: int, base: float = DEFAULT_BASE,
+                  offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
   """(cos, sin), each `[length, dim // 2]` float32, for positions offset .. offset + length - 1."""
   if dim % 2:
     raise ValueError(f"rotary positions need an even head dimension, got {dim}.")
@@ -28,7 +30,8 @@ def rotary_tables(length: int, dim: int, base: float = DEFAULT_BASE, offset: int
   return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def apply_rotary(x: jax.Array, base: float = DEFAULT_BASE, positions=None) -> jax.Array:
+def apply_rotary(x: jax.Array, base: float = DEFAULT_BASE,
+                 positions: ArrayLike | None = None) -> jax.Array:
   """Rotates `x: [B, L, H, D]` by its positions (0 .. L-1 unless `positions` `[L]` given)."""
   length, dim = x.shape[1], x.shape[-1]
   if positions is None:

@@ -27,15 +27,17 @@ the m x Dv feature state per device and head, never keys or values.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from attention import band, favor, linear, validation
 from attention.dot_product import NEG_INF
 
 
-def _neighbour(x, axis_name: str, devices: int, *, from_left: bool):
+def _neighbour(x: jax.Array, axis_name: str, devices: int, *, from_left: bool) -> jax.Array:
   """`x` of the left (or right) neighbour; zeros on the first (or last) device."""
   if devices == 1:
     return jnp.zeros_like(x)
@@ -44,7 +46,8 @@ def _neighbour(x, axis_name: str, devices: int, *, from_left: bool):
   return jax.lax.ppermute(x, axis_name, pairs)
 
 
-def _with_halo(x, halo: int, axis_name: str, devices: int, causal: bool):
+def _with_halo(x: jax.Array, halo: int, axis_name: str, devices: int,
+               causal: bool) -> jax.Array:
   """[left neighbour's last `halo` rows, x, right neighbour's first `halo` rows] (right side
   zeros when causal) along axis 1."""
   if halo == 0:
@@ -55,7 +58,8 @@ def _with_halo(x, halo: int, axis_name: str, devices: int, causal: bool):
   return jnp.concatenate([left, x, right], axis=1)
 
 
-def _partial_attention(q, k, v, allowed):
+def _partial_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                       allowed: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Unnormalised dense pieces: (sum_j p_ij v_j f32, row max, row sum) with p = exp(s - max)."""
   scale = 1.0 / math.sqrt(q.shape[-1])
   logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) * scale
@@ -66,10 +70,12 @@ def _partial_attention(q, k, v, allowed):
           jnp.sum(p, axis=-1))
 
 
-def sequence_parallel_band_attention(q, k, v, *, window: int, dilation=1, causal: bool = False,
-                                     key_mask=None, global_mask=None, max_global: int = 0,
+def sequence_parallel_band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
+                                     dilation: int | Sequence[int] = 1, causal: bool = False,
+                                     key_mask: jax.Array | None = None,
+                                     global_mask: jax.Array | None = None, max_global: int = 0,
                                      block_size: int | None = None,
-                                     axis_name: str = "sequence"):
+                                     axis_name: str = "sequence") -> jax.Array:
   """`band_attention` over a sequence split along `axis_name` (call inside `jax.shard_map`).
 
   Args:
@@ -122,7 +128,9 @@ def sequence_parallel_band_attention(q, k, v, *, window: int, dilation=1, causal
   return out.astype(q.dtype)
 
 
-def _with_globals(q, k, v, out, lse, real, glob, num_global, causal, axis_name):
+def _with_globals(q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array, lse: jax.Array,
+                  real: jax.Array, glob: jax.Array, num_global: int, causal: bool,
+                  axis_name: str) -> jax.Array:
   """Adds the global pairs to the band output `out` (normalised, with log-sum-exp `lse`)."""
   b_, chunk = real.shape
   offset = jax.lax.axis_index(axis_name) * chunk
@@ -161,7 +169,7 @@ def _with_globals(q, k, v, out, lse, real, glob, num_global, causal, axis_name):
   return jnp.where(overflow[:, None, None, None], jnp.nan, out)
 
 
-def _gathered_prefix(state, axis_name: str):
+def _gathered_prefix(state: tuple[jax.Array, ...], axis_name: str) -> tuple[jax.Array, ...]:
   """Sum of the states of the devices before this one: all-gather the (small) per-device states,
   keep those of lower index. `state` is a tuple of arrays; returns the same structure."""
   me = jax.lax.axis_index(axis_name)
@@ -173,7 +181,8 @@ def _gathered_prefix(state, axis_name: str):
   return tuple(out)
 
 
-def _softmax_prefix(phi, t, v, axis_name: str):
+def _softmax_prefix(phi: jax.Array, t: jax.Array, v: jax.Array,
+                    axis_name: str) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The exclusive prefix over devices of per-feature-stabilised states: each device's S, z are
   relative to its own per-feature key max t; the sum over earlier devices is taken relative to
   their largest t (NEG_INF when there is none: device 0, or only padding before)."""
@@ -188,9 +197,11 @@ def _softmax_prefix(phi, t, v, axis_name: str):
   return (jnp.sum(ss * w[..., None], axis=0), jnp.sum(zs * w, axis=0), top)
 
 
-def sequence_parallel_favor_attention(q, k, v, *, features, causal: bool = False,
-                                      key_mask=None, chunk_size: int | None = None,
-                                      kernel: str = "softmax", axis_name: str = "sequence"):
+def sequence_parallel_favor_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                                      features: ArrayLike, causal: bool = False,
+                                      key_mask: jax.Array | None = None,
+                                      chunk_size: int | None = None, kernel: str = "softmax",
+                                      axis_name: str = "sequence") -> jax.Array:
   """`favor_attention` over a sequence split along `axis_name` (call inside `jax.shard_map`,
   `check_vma=False`); q, k, v, key_mask are this device's chunk `[B, C, ...]`.
 
@@ -239,7 +250,8 @@ def sequence_parallel_favor_attention(q, k, v, *, features, causal: bool = False
   return head_major(out).astype(q.dtype)
 
 
-def _bidirectional(phi_q, phi_k, v, axis_name):
+def _bidirectional(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
+                   axis_name: str) -> jax.Array:
   s = jax.lax.psum(jnp.einsum("bhlm,bhld->bhmd", phi_k, v), axis_name)
   z = jax.lax.psum(jnp.sum(phi_k, axis=2), axis_name)
   num = jnp.einsum("bhlm,bhmd->bhld", phi_q, s)
@@ -247,7 +259,8 @@ def _bidirectional(phi_q, phi_k, v, axis_name):
   return linear._normalise(num, den)   # noqa: SLF001
 
 
-def _linear_parts(phi_q, phi_k, v, causal, chunk, axis_name):
+def _linear_parts(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array, causal: bool, chunk: int,
+                  axis_name: str) -> jax.Array:
   """Kernelized attention from non-negative features over the split sequence."""
   if not causal:
     return _bidirectional(phi_q, phi_k, v, axis_name)
@@ -257,9 +270,10 @@ def _linear_parts(phi_q, phi_k, v, causal, chunk, axis_name):
   return linear._normalise(num, den)   # noqa: SLF001
 
 
-def sequence_parallel_linear_attention(q, k, v, *, causal: bool = False, key_mask=None,
+def sequence_parallel_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                                       causal: bool = False, key_mask: jax.Array | None = None,
                                        chunk_size: int | None = None,
-                                       axis_name: str = "sequence"):
+                                       axis_name: str = "sequence") -> jax.Array:
   """`linear_attention` (elu + 1 features) over a sequence split along `axis_name`: the states
   summed over devices, or (causal) the states of earlier devices added to each device's prefix."""
   b_, chunk_len, _, _, _ = validation.check_qkv(q, k, v, same_length=True)

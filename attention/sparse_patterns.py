@@ -32,12 +32,12 @@ import numpy as np
 from attention import masks, validation
 from attention.block_sparse import (check_layout, finish, merge_parts, pad_tokens, sparse_core,
                                     static_take)
-from attention.block_sparse_plan import make_plan
+from attention.block_sparse_plan import Static, make_plan
 
 PATTERNS = ("strided", "fixed")
 
 
-def _positive_int(name: str, value) -> int:
+def _positive_int(name: str, value: int) -> int:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
     raise ValueError(f"{name} must be a positive int, got {value!r}.")
   return int(value)
@@ -48,7 +48,7 @@ def default_block_size(stride: int) -> int:
   return max(d for d in range(1, min(stride, 128) + 1) if stride % d == 0)
 
 
-def _check_block(stride: int, block_size) -> int:
+def _check_block(stride: int, block_size: int | None) -> int:
   if block_size is None:
     return default_block_size(stride)
   block_size = _positive_int("block_size", block_size)
@@ -105,7 +105,7 @@ class _Near:
   """Token predicate of the strided pattern's local part: 0 < |i - j| < stride."""
   stride: int
 
-  def __call__(self, qpos, kpos):
+  def __call__(self, qpos: jax.Array, kpos: jax.Array) -> jax.Array:
     dist = jnp.abs(qpos - kpos)
     return (dist > 0) & (dist < self.stride)
 
@@ -120,12 +120,15 @@ def _near_layout(num_blocks: int, block: int, stride: int, causal: bool) -> np.n
 
 # --- The parts, on padded token-major arrays. ---
 
-def _group_part(q, k, v, key_ok, *, plan):
+def _group_part(q: jax.Array, k: jax.Array, v: jax.Array, key_ok: jax.Array, *,
+                plan: Static) -> tuple[jax.Array, jax.Array]:
   """Same-group attention; q, k, v `[B, Lp, H, .]` with Lp = plan.nqb * plan.q_block."""
   return sparse_core(q, k, v, key_ok, plan)
 
 
-def _summary_part(q, k, v, key_ok, *, plan, offsets, stride: int, width: int):
+def _summary_part(q: jax.Array, k: jax.Array, v: jax.Array, key_ok: jax.Array, *, plan: Static,
+                  offsets: tuple[int, ...], stride: int,
+                  width: int) -> tuple[jax.Array, jax.Array]:
   """Attention to the summary columns of the other stride groups (per-head offsets)."""
   b_, lp, h, _ = k.shape
   groups = lp // stride
@@ -142,14 +145,14 @@ def _summary_part(q, k, v, key_ok, *, plan, offsets, stride: int, width: int):
   return sparse_core(q, cut(k), cut(v), ok_summary, plan)
 
 
-def _class_major(x, stride: int):
+def _class_major(x: jax.Array, stride: int) -> jax.Array:
   """`[B, m * stride, ...]` token order -> residue-class order (class r holds r, r + stride...)."""
   b_, lp = x.shape[:2]
   x = x.reshape((b_, lp // stride, stride) + x.shape[2:])
   return jnp.swapaxes(x, 1, 2).reshape((b_, lp) + x.shape[3:])
 
 
-def _token_major(x, stride: int):
+def _token_major(x: jax.Array, stride: int) -> jax.Array:
   """Inverse of `_class_major`."""
   b_, lp = x.shape[:2]
   x = x.reshape((b_, stride, lp // stride) + x.shape[2:])
@@ -157,7 +160,9 @@ def _token_major(x, stride: int):
 
 
 @functools.partial(jax.jit, static_argnames=("plans", "pattern", "stride", "width", "offsets"))
-def _run(q, k, v, key_mask, *, plans, pattern, stride, width=None, offsets=None):
+def _run(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
+         plans: tuple[tuple[str, Static], ...], pattern: str, stride: int,
+         width: int | None = None, offsets: tuple[int, ...] | None = None) -> jax.Array:
   b_, length = q.shape[:2]
   key_ok = jnp.ones((b_, length), bool) if key_mask is None else key_mask
   parts = []
@@ -181,9 +186,10 @@ def _run(q, k, v, key_mask, *, plans, pattern, stride, width=None, offsets=None)
 
 # --- Public fronts. ---
 
-def sparse_attention(q, k, v, *, pattern: str, stride: int, summary_width: int | None = None,
-                     causal: bool = False, key_mask=None, block_size: int | None = None,
-                     num_summary_offsets: int | None = None):
+def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, stride: int,
+                     summary_width: int | None = None, causal: bool = False,
+                     key_mask: jax.Array | None = None, block_size: int | None = None,
+                     num_summary_offsets: int | None = None) -> jax.Array:
   """Sparse Transformer attention (Child et al. 2019), computing only the pairs it uses.
 
   Args:
@@ -239,7 +245,8 @@ def sparse_attention(q, k, v, *, pattern: str, stride: int, summary_width: int |
               width=width, offsets=offsets)
 
 
-def block_local_attention(q, k, v, *, block_size: int, causal: bool = False, key_mask=None):
+def block_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
+                          causal: bool = False, key_mask: jax.Array | None = None) -> jax.Array:
   """Contiguous-block local attention: query i sees key j when i // block_size == j //
   block_size (and j <= i when causal). Equal to `dot_product_attention` with
   `masks.block_local_mask(...)`."""
@@ -253,8 +260,9 @@ def block_local_attention(q, k, v, *, block_size: int, causal: bool = False, key
   return _run(q, k, v, key_mask, plans=(("group", plan),), pattern="block_local", stride=size)
 
 
-def bigbird_attention(q, k, v, *, block_size: int, num_global_blocks: int = 2,
-                      num_random_blocks: int = 3, seed: int, key_mask=None):
+def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
+                      num_global_blocks: int = 2, num_random_blocks: int = 3, seed: int,
+                      key_mask: jax.Array | None = None) -> jax.Array:
   """BigBird ITC attention (Zaheer et al. 2020): window + global + random blocks.
 
   Args:

@@ -34,14 +34,17 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from attention import validation
 from attention.dot_product import allowed_mask, masked_softmax_stats
 
 COMPONENTS = ("dense", "random", "factorized_dense", "factorized_random", "dot_product")
+# The arrays of one component, by name (e.g. dense: w1, b1, w2, b2).
+Params = dict[str, ArrayLike]
 
 
-def _per_head(name: str, x, ndim: int, heads: int):
+def _per_head(name: str, x: ArrayLike, ndim: int, heads: int) -> jax.Array:
   """Returns `x` with a leading head axis: `[H, ...]` (shared parameters are broadcast)."""
   x = jnp.asarray(x)
   if x.ndim == ndim:
@@ -60,14 +63,14 @@ def _check_length(name: str, available: int, needed: int) -> None:
         f"build the synthesizer parameters with max_length >= {needed}.")
 
 
-def _params(name: str, params, keys: tuple[str, ...]):
+def _params(name: str, params: Params, keys: tuple[str, ...]) -> Params:
   if not isinstance(params, dict) or set(params) != set(keys):
     got = sorted(params) if isinstance(params, dict) else type(params).__name__
     raise ValueError(f"{name} must be a dict with keys {list(keys)}, got {got}.")
   return params
 
 
-def _dense_logits(q, params, lk: int):
+def _dense_logits(q: jax.Array, params: Params, lk: int) -> jax.Array:
   h = q.shape[2]
   p = _params("dense", params, ("w1", "b1", "w2", "b2"))
   w1, b1 = _per_head("dense['w1']", p["w1"], 2, h), _per_head("dense['b1']", p["b1"], 1, h)
@@ -79,13 +82,13 @@ def _dense_logits(q, params, lk: int):
   return logits + b2[None, :, None, :lk]                               # [B, H, Lq, Lk]
 
 
-def _random_logits(table, h: int, lq: int, lk: int):
+def _random_logits(table: ArrayLike, h: int, lq: int, lk: int) -> jax.Array:
   r = _per_head("random", table, 2, h)
   _check_length("random", min(r.shape[1], r.shape[2]), max(lq, lk))
   return r[None, :, :lq, :lk].astype(jnp.float32)                     # [1, H, Lq, Lk]
 
 
-def _factorized_dense_logits(q, params, lk: int):
+def _factorized_dense_logits(q: jax.Array, params: Params, lk: int) -> jax.Array:
   h = q.shape[2]
   p = _params("factorized_dense", params, ("wa", "ba", "wb", "bb"))
   wa = _per_head("factorized_dense['wa']", p["wa"], 2, h)
@@ -101,7 +104,7 @@ def _factorized_dense_logits(q, params, lk: int):
   return fa[..., j % a] * fb[..., j // a]                              # [B, H, Lq, Lk]
 
 
-def _factorized_random_logits(params, h: int, lq: int, lk: int):
+def _factorized_random_logits(params: Params, h: int, lq: int, lk: int) -> jax.Array:
   p = _params("factorized_random", params, ("r1", "r2"))
   r1 = _per_head("factorized_random['r1']", p["r1"], 2, h)
   r2 = _per_head("factorized_random['r2']", p["r2"], 2, h)
@@ -111,9 +114,13 @@ def _factorized_random_logits(params, h: int, lq: int, lk: int):
                     preferred_element_type=jnp.float32)[None]          # [1, H, Lq, Lk]
 
 
-def synthesizer_attention(q, k, v, *, dense=None, random=None, factorized_dense=None,
-                          factorized_random=None, dot_product: bool = False, mix=None,
-                          causal: bool = False, key_mask=None, query_mask=None):
+def synthesizer_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                          dense: Params | None = None, random: ArrayLike | None = None,
+                          factorized_dense: Params | None = None,
+                          factorized_random: Params | None = None, dot_product: bool = False,
+                          mix: ArrayLike | None = None, causal: bool = False,
+                          key_mask: jax.Array | None = None,
+                          query_mask: jax.Array | None = None) -> jax.Array:
   """Synthesizer attention with explicit parameters, alone or mixed with dot-product attention.
 
   Args:

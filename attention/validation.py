@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax
 import numpy as np
+from jax.typing import ArrayLike
 
 
-def check_qkv(q, k, v, *, same_length: bool = False) -> tuple[int, int, int, int, int]:
+def check_qkv(q: jax.Array, k: jax.Array, v: jax.Array, *,
+              same_length: bool = False) -> tuple[int, int, int, int, int]:
   """Checks `q, k, v: [batch, length, heads, head_dim]`; returns (B, Lq, Lk, H, D)."""
   for name, x in (("q", q), ("k", k), ("v", v)):
     if x.ndim != 4:
@@ -33,7 +36,7 @@ def check_qkv(q, k, v, *, same_length: bool = False) -> tuple[int, int, int, int
   return b, lq, lk, h, d
 
 
-def check_token_mask(name: str, mask, batch: int, length: int) -> None:
+def check_token_mask(name: str, mask: ArrayLike | None, batch: int, length: int) -> None:
   """Checks a per-token boolean mask of shape [batch, length]."""
   if mask is None:
     return
@@ -46,7 +49,8 @@ def check_token_mask(name: str, mask, batch: int, length: int) -> None:
     raise ValueError(f"{name} must be boolean (True = real token), got dtype {dtype}.")
 
 
-def token_masks(key_mask, query_mask, batch: int, q_length: int, k_length: int):
+def token_masks(key_mask: jax.Array | None, query_mask: jax.Array | None, batch: int,
+                q_length: int, k_length: int) -> jax.Array | None:
   """Checks `key_mask [B, Lk]` and `query_mask [B, Lq]`; returns the query mask to apply.
 
   `query_mask` defaults to `key_mask` for self-attention (q and k of the same length).
@@ -58,7 +62,7 @@ def token_masks(key_mask, query_mask, batch: int, q_length: int, k_length: int):
   return query_mask
 
 
-def check_window(window) -> int:
+def check_window(window: int) -> int:
   """Checks a one-sided window size: a non-negative Python int."""
   if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
     raise ValueError(f"window must be a non-negative int (one-sided), got {window!r}.")
@@ -69,7 +73,7 @@ def check_window(window) -> int:
   return int(window)
 
 
-def head_dilations(dilation, num_heads: int) -> tuple[int, ...]:
+def head_dilations(dilation: int | Sequence[int], num_heads: int) -> tuple[int, ...]:
   """Normalises `dilation` (an int, or one int per head) to a tuple of `num_heads` ints >= 1."""
   if isinstance(dilation, (int, np.integer)) and not isinstance(dilation, bool):
     values: Sequence = (int(dilation),) * num_heads
