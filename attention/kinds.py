@@ -1,26 +1,29 @@
-"""One record per attention kind: the single list of kind names and what each kind needs.
+"""One record per attention kind: the only place that knows what an attention kind is and can do.
 
 A `Kind` says everything the rest of the codebase needs to know about one attention kind: the
-primitive it calls (a function of the `attention` package), the dense mask builders in
-`attention.masks` that define its pattern, whether it can be causal (and why not when it cannot),
-whether its query and key are one shared projection, the NNX class in `models.attention_extras`
-that owns its per-layer arrays, the config arguments it gets by default and every config
-argument it accepts. `KINDS` is the one literal registry of names, and `get(name)` the one check
-of a name: an unknown name raises a ValueError listing every valid one.
+primitive it calls, the dense mask builders in `attention.masks` that define its pattern, whether
+it can be causal (and why not when it cannot), whether its query and key are one shared
+projection, the NNX class in `models.attention_extras` that owns its per-layer arrays, its config
+defaults and every config argument it accepts, how its cost grows with the length, which
+position schemes and memories it combines with, whether it runs with the sequence split over
+devices, whether MPNet's permutation masks compose with it, whether it is an exact copy of
+another kind, and which backends run it. `KINDS` is the one registry of names, `get(name)` the
+one check of a name (an unknown name raises a ValueError listing every valid one), and every
+other module reads these records instead of keeping its own list of names.
 
 This module is pure Python and imports neither jax nor numpy, so config files can read the names
 and defaults without loading jax (`from attention import kinds` loads no primitive).
 
-Adding a kind: a file in `attention/` with its function (and its dense mask in
-`attention/masks.py`), one record in `KINDS` below (with its `arguments`), and, when the kind
-owns per-layer arrays (parameters, buffers, seeds), an extras class in
-`models/attention_extras.py` named by the record.
+Adding a kind: a file in `attention/` with its function, its dense mask in `attention/masks.py`,
+one record in `KINDS` below, and, when the kind owns per-layer arrays (parameters, buffers,
+seeds), an extras class in `models/attention_extras.py` named by the record. `register(kind)`
+adds a record at run time (a kind defined outside this package, or in a test).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 Defaults = Callable[[int, int], dict[str, Any]]
 
@@ -30,15 +33,35 @@ def _no_arguments(window: int, max_length: int) -> dict[str, Any]:
   return {}
 
 
+COSTS = ("quadratic", "subquadratic", "linear")
+RELATIVE_FORMS = ("dense", "factorised")
+BACKENDS = ("xla",)
+
+# Value rules of the config arguments, by argument name, whichever kind takes them: the smallest
+# integer allowed and what the argument means (for the one-line refusal). A None value is the
+# primitive's own default and is not checked.
+ARGUMENTS: dict[str, tuple[int, str]] = {
+    "window": (0, "the one-sided band window, in tokens"),
+    "block_size": (1, "tokens per block"),
+    "stride": (1, "the sparse pattern's stride"),
+    "chunk_size": (1, "tokens per chunk"),
+    "num_features": (1, "FAVOR+ random features"),
+    "num_hashes": (1, "LSH hash rounds"),
+    "num_buckets": (1, "LSH buckets"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Kind:
   """What the layer, the configs and the trainer need to know about one attention kind.
 
   Attributes:
     name: the config name (`model.attention.kind`).
-    module: the module of the `attention` package holding the function (`attention.<module>`).
-    function: the primitive's name, exported as `attention.<function>`; it is called as
-      `fn(q, k, v, key_mask=..., **args)`, or `fn(qk, v, ...)` when `shared_qk`.
+    module: the module holding the function: a submodule of the `attention` package
+      (`attention.<module>`), or a full dotted module path for a kind defined elsewhere.
+    function: the primitive's name (exported as `attention.<function>` for the package's own
+      kinds); it is called as `fn(q, k, v, key_mask=..., **args)`, or `fn(qk, v, ...)` when
+      `shared_qk`.
     masks: names of the dense builders in `attention.masks` that define the kind's pattern (its
       specification in tests); empty when the kind attends every pair or approximates dense
       attention.
@@ -54,8 +77,29 @@ class Kind:
     arguments: every config argument the kind accepts (`model.attention.<name>`), sorted: the
       primitive's keyword arguments that a config can set (not q, k, v, key_mask, query_mask,
       causal, array arguments such as `mask`, nor what the extras class supplies) plus the
-      extras class's `CONSUMES`. `configs.validate` refuses any other name;
-      tests/validate_test.py checks the tuple against the signatures.
+      extras class's `CONSUMES`. The config check refuses any other name; tests/validate_test.py
+      checks the tuple against the signatures. Values are checked by `ARGUMENTS`.
+    cost: how the work and memory of the scores grow with the length L: "quadratic" (every
+      (query, key) pair, or [L, L] weights), "subquadratic" (L log L or L sqrt L) or "linear".
+      The preflight suggests the linear kinds for a run that does not fit; Path-X leaves the
+      quadratic ones out of its sweep.
+    relative: how the kind takes Transformer-XL relative positions (`pos_emb="relative"`):
+      "dense" (its own relative logits, `attention.relative.relative_attention`),
+      "factorised" (the relative features appended to q and k) or None (not supported).
+    memory: it runs with a Transformer-XL / compressive memory (needs `relative` and causal).
+    sequence_parallel: the function of `attention.sequence_parallel` that runs the kind with
+      the length split over devices, or None when it cannot run split.
+    pattern: the builder in `attention.masks` of the pairs the kind allows over positions,
+      called `pattern(length, num_heads, args)` -> bool `[H|1, L, L]`, which MPNet's
+      permutation masks are composed with; None when the kind's attention is not a pattern over
+      positions, and then `no_pattern` says why.
+    no_pattern: why MPNet's permutation masks cannot be composed with the kind.
+    copy_of: the kind whose attention this one computes exactly (flash is dot_product in O(L)
+      memory): its LRA sweep points would repeat that kind's numbers and are left out.
+    from_inputs: a function next to `function` that takes the layer's inputs and projection
+      kernels instead of q, k and v (the same attention with less work), used when the kind's
+      extras say it applies (`takes_inputs`); None when there is none.
+    backends: the implementations that run the kind; "xla" is the portable blocked-einsum one.
   """
 
   name: str
@@ -67,15 +111,39 @@ class Kind:
   extras: str | None = None
   defaults: Defaults = _no_arguments
   arguments: tuple[str, ...] = ()
+  cost: str = "linear"
+  relative: str | None = None
+  memory: bool = False
+  sequence_parallel: str | None = None
+  pattern: str | None = None
+  no_pattern: str = ""
+  copy_of: str | None = None
+  from_inputs: str | None = None
+  backends: tuple[str, ...] = ("xla",)
 
   def __post_init__(self):
+    where = f"kind {self.name!r}"
     if self.causal is not True and not (isinstance(self.causal, str) and self.causal):
-      raise ValueError(f"kind {self.name!r}: causal must be True or the reason it cannot be "
+      raise ValueError(f"{where}: causal must be True or the reason it cannot be "
                        f"causal, got {self.causal!r}.")
     unknown = set(self.defaults(8, 64)) - set(self.arguments)
     if unknown:
-      raise ValueError(f"kind {self.name!r}: defaults set {sorted(unknown)}, which are not in "
+      raise ValueError(f"{where}: defaults set {sorted(unknown)}, which are not in "
                        f"its arguments {self.arguments}.")
+    if self.cost not in COSTS:
+      raise ValueError(f"{where}: cost {self.cost!r} must be one of {', '.join(COSTS)}.")
+    if self.relative is not None and self.relative not in RELATIVE_FORMS:
+      raise ValueError(f"{where}: relative {self.relative!r} must be None or one of "
+                       f"{', '.join(RELATIVE_FORMS)}.")
+    if self.memory and (self.relative is None or not self.supports_causal):
+      raise ValueError(f"{where}: a memory needs relative positions and a causal kind.")
+    if (self.pattern is None) == (not self.no_pattern):
+      raise ValueError(f"{where}: give either pattern (a builder in attention.masks) or "
+                       f"no_pattern (why MPNet's permutation masks do not compose with it).")
+    unknown = set(self.backends) - set(BACKENDS)
+    if "xla" not in self.backends or unknown:
+      raise ValueError(f"{where}: backends {self.backends} must include 'xla' and be among "
+                       f"{', '.join(BACKENDS)}.")
 
   @property
   def supports_causal(self) -> bool:
@@ -86,6 +154,11 @@ class Kind:
     """Raises ValueError with the reason when this kind cannot be causal."""
     if not self.supports_causal:
       raise ValueError(f"attention {self.name!r} cannot be causal: {self.causal}")
+
+  @property
+  def module_path(self) -> str:
+    """The importable path of `module`."""
+    return self.module if "." in self.module else f"attention.{self.module}"
 
 
 def _block(window: int) -> int:
@@ -100,53 +173,75 @@ def _lsh_defaults(window: int, max_length: int) -> dict[str, Any]:
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("dot_product", "dot_product", "dot_product_attention"),
+    Kind("dot_product", "dot_product", "dot_product_attention", cost="quadratic",
+         relative="dense", memory=True, pattern="all_pairs_pattern"),
     Kind("band", "band", "band_attention", masks=("longformer_mask",),
          defaults=lambda window, max_length: {"window": window},
-         arguments=("block_size", "dilation", "max_global", "window")),
+         arguments=("block_size", "dilation", "max_global", "window"),
+         relative="factorised", memory=True,
+         sequence_parallel="sequence_parallel_band_attention", pattern="band_pattern"),
     Kind("bigbird", "sparse_patterns", "bigbird_attention", masks=("bigbird_mask",),
          causal="BigBird's global and random blocks are bidirectional (bigbird_attention has "
                 "no causal mode); use sparse, block_local or band for language models.",
          extras="BigBirdSeed",
          defaults=lambda window, max_length: {
              "block_size": _block(window), "num_global_blocks": 2, "num_random_blocks": 3},
-         arguments=("block_size", "num_global_blocks", "num_random_blocks", "seed")),
+         arguments=("block_size", "num_global_blocks", "num_random_blocks", "seed"),
+         no_pattern="its per-layer random blocks are not composed with the permutation masks "
+                    "yet."),
     Kind("block_local", "sparse_patterns", "block_local_attention",
          masks=("block_local_mask",),
          defaults=lambda window, max_length: {"block_size": max(4, window)},
-         arguments=("block_size",)),
+         arguments=("block_size",), pattern="block_local_pattern"),
     Kind("block_sparse", "block_sparse", "block_sparse_attention",
          masks=("block_layout_mask",), extras="BlockSparseLayout",
          defaults=lambda window, max_length: {
              "block_size": _block(window), "window_blocks": 1, "global_blocks": 1},
-         arguments=("block_size", "global_blocks", "window_blocks")),
+         arguments=("block_size", "global_blocks", "window_blocks"),
+         no_pattern="its per-layer block layout is not composed with the permutation masks "
+                    "yet."),
     Kind("favor", "favor", "favor_attention", extras="FavorFeatures",
          defaults=lambda window, max_length: {"num_features": 256, "redraw": False},
-         arguments=("chunk_size", "kernel", "num_features", "redraw")),
-    Kind("flash", "flash", "flash_attention", arguments=("block_size",)),
-    Kind("linear", "linear", "linear_attention", arguments=("chunk_size",)),
+         arguments=("chunk_size", "kernel", "num_features", "redraw"),
+         sequence_parallel="sequence_parallel_favor_attention",
+         no_pattern="its random-feature kernel has no per-pair mask beyond causal prefix "
+                    "sums."),
+    Kind("flash", "flash", "flash_attention", arguments=("block_size",), cost="quadratic",
+         pattern="all_pairs_pattern", copy_of="dot_product"),
+    Kind("linear", "linear", "linear_attention", arguments=("chunk_size",),
+         sequence_parallel="sequence_parallel_linear_attention",
+         no_pattern="its kernel attention has no per-pair mask beyond causal prefix sums."),
     Kind("linformer", "linformer", "linformer_attention",
          causal="Linformer projects keys and values along the length axis, so every "
                 "compressed key mixes future positions; it cannot be causal.",
          extras="LinformerProjections",
          defaults=lambda window, max_length: {"k": 256 if max_length >= 1024 else 32},
-         arguments=("k", "sharing")),
+         arguments=("k", "sharing"), from_inputs="linformer_from_inputs",
+         no_pattern="it projects keys and values along the length axis, so every compressed "
+                    "key mixes all positions, predicted tokens included."),
     Kind("lsh", "lsh", "lsh_attention", masks=("lsh_pair_counts",), shared_qk=True,
          extras="LshKey", defaults=_lsh_defaults,
-         arguments=("chunk_size", "num_buckets", "num_hashes")),
+         arguments=("chunk_size", "num_buckets", "num_hashes"), cost="subquadratic",
+         no_pattern="its hash buckets decide the pairs from the data, not from positions."),
     Kind("sparse", "sparse_patterns", "sparse_attention", masks=("strided_mask", "fixed_mask"),
          defaults=lambda window, max_length: {"pattern": "fixed", "stride": max(4, window)},
          arguments=("block_size", "num_summary_offsets", "pattern", "stride",
-                    "summary_width")),
+                    "summary_width"), cost="subquadratic", pattern="sparse_pattern"),
     Kind("synthesizer", "synthesizer", "synthesizer_attention", extras="SynthesizerParams",
          defaults=lambda window, max_length: {"components": "random+dot_product"},
-         arguments=("components", "hidden", "k")),
+         arguments=("components", "hidden", "k"), cost="quadratic",
+         no_pattern="its synthesized weights are per position, not masked pairs of tokens."),
 )}
 
 
 def names() -> tuple[str, ...]:
   """Every valid kind name, sorted."""
   return tuple(sorted(KINDS))
+
+
+def names_where(test: Callable[[Kind], Any]) -> tuple[str, ...]:
+  """The sorted names of the kinds whose record passes `test` (e.g. `lambda k: k.relative`)."""
+  return tuple(name for name in names() if test(KINDS[name]))
 
 
 def get(name: str) -> Kind:
@@ -163,4 +258,40 @@ def defaults(name: str, *, window: int, max_length: int) -> dict[str, Any]:
   return dict(get(name).defaults(window, max_length))
 
 
-__all__ = ["KINDS", "Kind", "defaults", "get", "names"]
+def register(kind: Kind) -> Kind:
+  """Adds `kind` to `KINDS` (a kind defined outside this module, or in a test); returns it.
+
+  Raises ValueError when the name is taken or `copy_of` names an unknown kind."""
+  if kind.name in KINDS:
+    raise ValueError(f"attention kind {kind.name!r} is already registered.")
+  if kind.copy_of is not None:
+    get(kind.copy_of)
+  KINDS[kind.name] = kind
+  return kind
+
+
+def unregister(name: str) -> None:
+  """Removes a kind added by `register`."""
+  get(name)
+  del KINDS[name]
+
+
+def check_permutation(kinds_used: Iterable[str]) -> None:
+  """Raises ValueError (one line) for the first kind MPNet's permutation masks cannot be
+  composed with, saying why."""
+  for name in kinds_used:
+    kind = get(name)
+    if kind.pattern is None:
+      raise ValueError(f"config.pretrain.objective = 'mpnet' with attention {name!r}: its "
+                       f"masks cannot be composed with MPNet's permutation: "
+                       f"{kind.no_pattern} Use mlm, or another kind.")
+
+
+for _kind in KINDS.values():
+  if _kind.copy_of is not None:
+    get(_kind.copy_of)
+
+
+__all__ = ["ARGUMENTS", "BACKENDS", "COSTS", "KINDS", "Kind", "RELATIVE_FORMS",
+           "check_permutation", "defaults", "get", "names", "names_where", "register",
+           "unregister"]

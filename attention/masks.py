@@ -21,6 +21,8 @@ Band (Longformer) convention, used everywhere in the codebase:
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -204,6 +206,44 @@ def fixed_mask(length: int, *, stride: int, summary_width: int, causal: bool = F
     out.append(m & causal_mask(length) if causal else m)
   out = np.stack(out)  # [H, L, L]
   return out[0] if num_heads is None else out
+
+
+# ---- Patterns over positions (`Kind.pattern`): `fn(length, num_heads, args)` -> bool
+# `[H|1, L, L]` from a kind's config arguments; MPNet's permutation masks are composed with
+# them (models/pretraining.py). ----
+
+
+def all_pairs_pattern(length: int, num_heads: int, args: Mapping[str, Any]) -> np.ndarray:
+  """[1, L, L] all True: dense attention allows every pair."""
+  del num_heads, args
+  return np.ones((1, length, length), bool)
+
+
+def band_pattern(length: int, num_heads: int, args: Mapping[str, Any]) -> np.ndarray:
+  """[H|1, L, L]: the band of `args["window"]` and `args.get("dilation", 1)` (one per head
+  when a sequence)."""
+  dilation = args.get("dilation", 1)
+  per_head = isinstance(dilation, (list, tuple))
+  out = band_mask(length, window=int(args["window"]),
+                  dilation=tuple(dilation) if per_head else dilation,
+                  num_heads=num_heads if per_head else None)
+  return out if per_head else out[None]
+
+
+def block_local_pattern(length: int, num_heads: int, args: Mapping[str, Any]) -> np.ndarray:
+  """[1, L, L]: contiguous blocks of `args["block_size"]`."""
+  del num_heads
+  return block_local_mask(length, block_size=int(args["block_size"]))[None]
+
+
+def sparse_pattern(length: int, num_heads: int, args: Mapping[str, Any]) -> np.ndarray:
+  """[H|1, L, L]: the Sparse Transformer `strided` or `fixed` pattern of `args`."""
+  stride = int(args["stride"])
+  if args.get("pattern", "fixed") == "strided":
+    return strided_mask(length, stride=stride)[None]
+  width = args.get("summary_width") or max(1, stride // 8)
+  return fixed_mask(length, stride=stride, summary_width=int(width), num_heads=num_heads,
+                    num_summary_offsets=args.get("num_summary_offsets"))
 
 
 def bigbird_global_blocks(num_blocks: int, num_global_blocks: int) -> tuple[int, ...]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import common, validate
+from attention import kinds
+from configs import common
 
 SIZES = ("base", "large", "small", "xl-base", "xl-small", "compressive-base", "compressive-small")
 
@@ -156,7 +157,7 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
             a.attention, window=top, max_length=c.data.max_length)}, type_safe=False)
   # Transformer-XL relative positions, as the Longformer character LM (no parameter depends on
   # the length, so the phases can change it); kinds without them keep sinusoids.
-  c.model.pos_emb = "relative" if a.attention in validate.RELATIVE_KINDS else "sinusoidal"
+  c.model.pos_emb = "relative" if kinds.get(a.attention).relative else "sinusoidal"
   # Transformer-XL memory and the Compressive Transformer (models/memory.py, docs/recurrence.md):
   # n_m cached layer inputs per layer, n_cm compressed slots fed at rate c; a memory needs the
   # training batches as contiguous streams (data.streams = batch_size).
@@ -214,55 +215,3 @@ def sweep(add, sizes: tuple[str, ...] = ("base",)) -> None:
   for size in sizes:
     for seed in (0, 1, 2):
       add(config_arg=f"attention=band,size={size}", seed=seed)
-
-
-
-COMPRESSIONS = ("mean", "max", "conv")
-MEMORY_KINDS = ("dot_product", "band")   # the causal kinds with relative positions
-
-
-def check_memory(config) -> None:
-  """Raises ValueError (one line) for a bad Transformer-XL / compressive memory setting."""
-  model, data = config.get("model", {}), config.get("data", {})
-  m_len, n_cm = model.get("memory_length", 0), model.get("compressed_length", 0)
-  rate, kind = model.get("compression_rate", 1), model.get("compression", "conv")
-  eval_fields = (("model.eval_memory_length", model.get("eval_memory_length", 0)),
-                 ("model.clamp_len", model.get("clamp_len", 0)),
-                 ("data.eval_streams", data.get("eval_streams", 0)))
-  for field, v in (("model.memory_length", m_len), ("model.compressed_length", n_cm),
-                   ("model.segment_length", model.get("segment_length", 0))) + eval_fields:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-      raise ValueError(f"config.{field} = {v!r}: must be an integer >= 0 (0: none).")
-  if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
-    raise ValueError(f"config.model.compression_rate = {rate!r}: must be an integer >= 1.")
-  if kind not in COMPRESSIONS:
-    raise ValueError(f"config.model.compression = {kind!r}: must be one of "
-                     f"{', '.join(COMPRESSIONS)} (the compression function).")
-  if not m_len:
-    if n_cm:
-      raise ValueError(f"config.model.compressed_length = {n_cm}: needs "
-                       "config.model.memory_length > 0 (the memory feeds the compression).")
-    for field, v in eval_fields:
-      if v:
-        raise ValueError(f"config.{field} = {v}: needs config.model.memory_length > 0 (a "
-                         "model without memory evaluates independent windows).")
-    return
-  kinds = {model.attention.get("kind")} | {a.get("kind", model.attention.get("kind"))
-                                          for a in (model.get("layer_attention") or ())}
-  bad = sorted(k for k in kinds if k not in MEMORY_KINDS)
-  if bad or model.get("pos_emb") != "relative":
-    raise ValueError(f"config.model.memory_length = {m_len}: needs the causal kinds "
-                     f"{' or '.join(MEMORY_KINDS)} with pos_emb='relative', not attention "
-                     f"{', '.join(bad or sorted(kinds))} with pos_emb={model.get('pos_emb')!r}.")
-  length = data.get("max_length", 0)
-  if n_cm and length % rate:
-    raise ValueError(f"config.model.compression_rate = {rate}: must divide the segment "
-                     f"config.data.max_length = {length}.")
-  seg = model.get("segment_length", 0) or m_len
-  if n_cm and seg % rate:
-    raise ValueError(f"config.model.compression_rate = {rate}: must divide the evaluation "
-                     f"segment {seg} (config.model.segment_length, 0: memory_length).")
-  if data.get("streams", 0) != config.get("batch_size"):
-    raise ValueError(f"config.data.streams = {data.get('streams', 0)!r}: must equal "
-                     f"config.batch_size = {config.get('batch_size')} with a memory (each batch "
-                     "row one contiguous stream).")

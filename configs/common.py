@@ -124,7 +124,7 @@ def trainer_defaults() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "sequence": 1, "tensor": 1})
   c.axis_rules = AXIS_RULES
   # Rematerialisation: "none", "block" (each block's activations are recomputed in the backward
-  # pass, keeping only its input) or a jax.checkpoint policy name (configs/validate.py REMATS).
+  # pass, keeping only its input) or a jax.checkpoint policy name (lra/schema.py REMATS).
   c.remat = "none"
   # Activations: "float32", or "bfloat16" (parameters, optimizer state and softmax statistics
   # stay float32).
@@ -252,17 +252,13 @@ def set_attention(c: ml_collections.ConfigDict, a: ml_collections.ConfigDict,
   c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
 
 
-# Kinds that compute exactly another kind's attention (flash is dot_product in O(L) memory):
-# an LRA sweep point of theirs would repeat that kind's numbers, so `lra_sweep` leaves them out.
-EXACT_COPIES = ("flash",)
-
-
 def lra_sweep(add: Callable[..., None], *, skip: tuple[str, ...] = (),
               seeds: tuple[int, ...] = (0, 1, 2), size: str = "base") -> None:
-  """The LRA comparison: every attention kind (but `skip` and `EXACT_COPIES`) at `size`, one
-  run per seed."""
-  for name in kinds.names():
-    if name in skip or name in EXACT_COPIES:
+  """The LRA comparison: every attention kind (but `skip` and the exact copies of another
+  kind, `Kind.copy_of`, whose points would repeat that kind's numbers) at `size`, one run per
+  seed."""
+  for name in kinds.names_where(lambda k: k.copy_of is None):
+    if name in skip:
       continue
     for seed in seeds:
       add(config_arg=f"attention={name},size={size}", seed=seed)
@@ -272,29 +268,6 @@ def lra_sweep(add: Callable[..., None], *, skip: tuple[str, ...] = (),
 
 PROTOCOLS = ("scratch", "spt")
 OBJECTIVES = ("mlm", "clm", "mpnet")
-# Attention kinds whose attention is not a pattern over positions, so MPNet's permutation masks
-# cannot be composed with them, and why.
-PERMUTATION_REFUSED = {
-    "linformer": "it projects keys and values along the length axis, so every compressed key "
-                 "mixes all positions, predicted tokens included.",
-    "favor": "its random-feature kernel has no per-pair mask beyond causal prefix sums.",
-    "linear": "its kernel attention has no per-pair mask beyond causal prefix sums.",
-    "lsh": "its hash buckets decide the pairs from the data, not from positions.",
-    "synthesizer": "its synthesized weights are per position, not masked pairs of tokens.",
-    "bigbird": "its per-layer random blocks are not composed with the permutation masks yet.",
-    "block_sparse": "its per-layer block layout is not composed with the permutation masks yet.",
-}
-
-
-def check_permutation_kinds(kinds_used) -> None:
-  """Raises ValueError (one line) for the first kind MPNet's masks cannot be composed with."""
-  for kind in kinds_used:
-    if kind in PERMUTATION_REFUSED:
-      raise ValueError(f"config.pretrain.objective = 'mpnet' with attention {kind!r}: its "
-                       f"masks cannot be composed with MPNet's permutation: "
-                       f"{PERMUTATION_REFUSED[kind]} Use mlm, or another kind.")
-
-
 def apply_protocol(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """`c` with `protocol = "spt"` turned into two phases in one workdir (`lra.phases`): phase 1
   trains `pretrain.objective` on the task's inputs (task `<task>+<objective>`) for
@@ -324,7 +297,7 @@ def apply_protocol(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                      f"in [1, {total - 1}] (num_train_steps {total}), or 0 for half.")
   if p.objective == "mpnet":
     specs = [dict(c.model.attention)] + [dict(x) for x in (c.model.layer_attention or ())]
-    check_permutation_kinds(s.get("kind", specs[0].get("kind")) for s in specs)
+    kinds.check_permutation(s.get("kind", specs[0].get("kind")) for s in specs)
   common = dict(max_length=int(c.data.max_length), window_scale=1.0,
                 batch_size=int(c.batch_size), warmup_steps=int(c.warmup_steps))
   pretrain_lr = float(p.learning_rate) or float(c.learning_rate)

@@ -18,7 +18,7 @@ import sys
 from typing import Sequence
 
 import configs
-from configs import validate
+from lra import schema
 from lra import tasks
 
 
@@ -39,7 +39,7 @@ def data_config(task: str, size: str, manual_dir: str | None,
                 overrides: Sequence[tuple[str, str]] = ()):
   """The data settings of `task`'s config for `size`, with the manual dir and overrides."""
   config = configs.build_config(task, size=size, overrides=overrides)
-  validate.check_data(config)  # the data settings only: nothing else is used here
+  schema.check_data(config)  # the data settings only: nothing else is used here
   if manual_dir:
     config.data.manual_dir = manual_dir
   return config.data

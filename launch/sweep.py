@@ -12,7 +12,7 @@ or a dict per sub-config: `model={"dropout": 0.1}`). `--arg` items replace or ex
 `config_arg`; `--config.x=y` overrides apply to every point, after the point's own.
 
 Before anything runs, every point's config is resolved and checked exactly as `lra run` would
-(`configs.build_config`, `configs.validate`); a bad field, a repeated point (two points with the
+(`configs.build_config`, `lra.schema`); a bad field, a repeated point (two points with the
 same resolved config) or two points with the same folder name end the command with one line and
 exit status 2. Point i runs as `lra run TASK --arg ... --workdir DIR/<name> --config.x=y ...`,
 where `<name>` is its arguments and overrides, seed last (`attention=band,size=small,seed=1`).

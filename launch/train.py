@@ -6,7 +6,7 @@
 `--config.a.b=V` overrides an existing field (`configs.build_config`; V is converted against the
 field's current type by the converter the config arguments use too). Unknown fields raise with
 the valid names at that level. The resolved values (and each phase's) are then checked by
-`configs.validate`: a bad one ends the command at once with one line naming the field, exit
+`lra.schema`: a bad one ends the command at once with one line naming the field, exit
 status 2, before jax is imported. The `lra` console command (launch/cli.py) calls this. Staged
 configs (`config.phases`, the character-LM ones) run through `lra.phases`, one workdir per phase;
 rerunning the command continues the schedule.
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import ml_collections
 
 import configs
-from configs import validate
+from lra import schema
 from lra import phases  # pure Python: the trainer is imported by its functions only
 from lra import storage
 from lra import tasks as tasks_lib
@@ -121,9 +121,9 @@ def config_changes(config: ml_collections.ConfigDict) -> tuple[str, list[str]]:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Checks every value of `config` and, for a staged one, of each phase's config (no jax)."""
-  validate.check(config)
+  schema.check(config)
   for k in range(len(config.get("phases") or ())):
-    validate.check(phases.phase_config(config, k), context=f"config.phases[{k}] gives ")
+    schema.check(phases.phase_config(config, k), context=f"config.phases[{k}] gives ")
 
 
 def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:

@@ -1,4 +1,4 @@
-"""Checks a resolved config's values before anything is imported or built: `check(config)`.
+"""The config schema and its checks: `check(config)` before anything is imported or built.
 
 `lra run` calls `check` right after resolving the config and its `--config.x=y` overrides (and
 on every phase's config of a staged schedule), so a bad value fails at once, in one line that
@@ -7,12 +7,15 @@ names the field, its value, what it must be and what the field means, for exampl
   config.log_every = 0: must be a positive integer (steps between train-metric records).
 
 The rules are one table (`FIELDS`) plus the checks that relate fields: qkv_dim divisible by
-num_heads, the mesh sizes, and the attention specs (a known kind, only the arguments that kind
-accepts, `Kind.arguments` in `attention.kinds`, and sane sizes). A field a config lacks is not
-checked. What needs jax (the global batch against the device count) is left to the trainer.
+num_heads, the mesh sizes, the attention specs (a known kind, only the arguments that kind
+accepts, `Kind.arguments` in `attention.kinds`, and sane sizes, `kinds.ARGUMENTS`), what each
+layer's kind supports (relative positions, a memory, the sequence split: its record says), and
+the Transformer-XL / compressive memory settings. A field a config lacks is not checked. What
+needs jax (the global batch against the device count) is left to the trainer.
 
-Like every config module this imports only ml_collections, the attention kinds' records and the
-standard library, never jax, so checking a config is instant.
+This module belongs to the trainer side and imports only ml_collections, the attention kinds'
+records and the standard library, never jax, so the config files (`configs/`) and the command
+line can use it and checking a config is instant.
 """
 
 from __future__ import annotations
@@ -28,16 +31,13 @@ from attention import kinds
 # models/encoder.py; tests/validate_test.py checks they agree).
 SCHEDULES = ("rsqrt", "cosine", "constant")
 POSITIONS = ("sinusoidal", "learned", "none", "rotary", "infused", "relative")
-# The attention kinds that compute Transformer-XL relative logits (models/embeddings.py).
-RELATIVE_KINDS = ("dot_product", "band")
 POOLINGS = ("cls", "mean")
 # `config.remat`: "none", "block" (recompute each block in the backward pass) or a policy of
 # `jax.checkpoint_policies` that keeps some of a block's values (models/encoder.py REMAT).
 DTYPES = ("float32", "bfloat16")
 REMATS = ("none", "block", "dots_saveable", "dots_with_no_batch_dims_saveable")
 MESH_AXES = ("data", "fsdp", "sequence", "tensor")
-# The attention kinds that can run with the length split over devices (models/sequence.py).
-SEQUENCE_KINDS = ("band", "favor", "linear")
+COMPRESSIONS = ("mean", "max", "conv")   # the Compressive Transformer's compression functions
 
 Rule = tuple[Callable[[Any], bool], str]  # (is the value valid, what it must be)
 
@@ -116,18 +116,6 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("data.eval_context", NON_NEGATIVE, "tokens of context before each scored evaluation span"),
 )
 
-# Attention arguments whose values are checked wherever they appear (a None is the primitive's
-# own default).
-ATTENTION_VALUES: dict[str, tuple[Rule, str]] = {
-    "window": (NON_NEGATIVE, "the one-sided band window, in tokens"),
-    "block_size": (POSITIVE, "tokens per block"),
-    "stride": (POSITIVE, "the sparse pattern's stride"),
-    "chunk_size": (POSITIVE, "tokens per chunk"),
-    "num_features": (POSITIVE, "FAVOR+ random features"),
-    "num_hashes": (POSITIVE, "LSH hash rounds"),
-    "num_buckets": (POSITIVE, "LSH buckets"),
-}
-
 _MISSING = object()
 
 
@@ -199,9 +187,9 @@ def check_attention(spec: Mapping[str, Any], where: str, default_kind: Any = Non
       valid = (f"takes no argument {name!r}; valid: {', '.join(accepted)}" if accepted
                else "takes no arguments; remove it")
       raise ValueError(f"{where}.{name} = {value!r}: {kind} {valid}.")
-    if name in ATTENTION_VALUES and value is not None:
-      rule, meaning = ATTENTION_VALUES[name]
-      _refuse(f"{where}.{name}", value, rule, meaning)
+    if name in kinds.ARGUMENTS and value is not None:
+      low, meaning = kinds.ARGUMENTS[name]
+      _refuse(f"{where}.{name}", value, at_least(low), meaning)
     if name == "dilation":
       _check_dilation(f"{where}.{name}", value)
 
@@ -240,9 +228,10 @@ def _check_positions(model: Any) -> None:
   default = model.attention.get("kind")
   for entry in (model.attention, *(model.get("layer_attention") or ())):
     kind = dict(entry).get("kind", default)
-    if kind not in RELATIVE_KINDS:
+    if not kinds.get(kind).relative:
+      relative = kinds.names_where(lambda k: k.relative)
       raise ValueError(f"config.model.pos_emb = 'relative': attention {kind!r} has no relative "
-                       f"positions; valid kinds: {', '.join(RELATIVE_KINDS)} (or another "
+                       f"positions; valid kinds: {', '.join(relative)} (or another "
                        f"pos_emb: {', '.join(p for p in POSITIONS if p != 'relative')}).")
 
 
@@ -272,11 +261,60 @@ def _check_sequence_split(config: ml_collections.ConfigDict) -> None:
   default = model.attention.get("kind")
   for entry in (model.attention, *(model.get("layer_attention") or ())):
     kind = dict(entry).get("kind", default)
-    if kind not in SEQUENCE_KINDS:
+    if not kinds.get(kind).sequence_parallel:
+      split = kinds.names_where(lambda k: k.sequence_parallel)
       raise ValueError(
           f"config.mesh.sequence = {mesh['sequence']}: attention {kind!r} cannot run with the "
-          f"sequence split over devices; use --attention {', '.join(SEQUENCE_KINDS[:-1])} or "
-          f"{SEQUENCE_KINDS[-1]}, or --config.mesh.sequence=1.")
+          f"sequence split over devices; use --attention {', '.join(split[:-1])} or "
+          f"{split[-1]}, or --config.mesh.sequence=1.")
+
+
+def check_memory(config) -> None:
+  """Raises ValueError (one line) for a bad Transformer-XL / compressive memory setting."""
+  model, data = config.get("model", {}), config.get("data", {})
+  m_len, n_cm = model.get("memory_length", 0), model.get("compressed_length", 0)
+  rate, kind = model.get("compression_rate", 1), model.get("compression", "conv")
+  eval_fields = (("model.eval_memory_length", model.get("eval_memory_length", 0)),
+                 ("model.clamp_len", model.get("clamp_len", 0)),
+                 ("data.eval_streams", data.get("eval_streams", 0)))
+  for field, v in (("model.memory_length", m_len), ("model.compressed_length", n_cm),
+                   ("model.segment_length", model.get("segment_length", 0))) + eval_fields:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+      raise ValueError(f"config.{field} = {v!r}: must be an integer >= 0 (0: none).")
+  if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
+    raise ValueError(f"config.model.compression_rate = {rate!r}: must be an integer >= 1.")
+  if kind not in COMPRESSIONS:
+    raise ValueError(f"config.model.compression = {kind!r}: must be one of "
+                     f"{', '.join(COMPRESSIONS)} (the compression function).")
+  if not m_len:
+    if n_cm:
+      raise ValueError(f"config.model.compressed_length = {n_cm}: needs "
+                       "config.model.memory_length > 0 (the memory feeds the compression).")
+    for field, v in eval_fields:
+      if v:
+        raise ValueError(f"config.{field} = {v}: needs config.model.memory_length > 0 (a "
+                         "model without memory evaluates independent windows).")
+    return
+  used = {model.attention.get("kind")} | {a.get("kind", model.attention.get("kind"))
+                                         for a in (model.get("layer_attention") or ())}
+  bad = sorted(k for k in used if not kinds.get(k).memory)
+  if bad or model.get("pos_emb") != "relative":
+    memory = kinds.names_where(lambda k: k.memory)
+    raise ValueError(f"config.model.memory_length = {m_len}: needs the causal kinds "
+                     f"{' or '.join(memory)} with pos_emb='relative', not attention "
+                     f"{', '.join(bad or sorted(used))} with pos_emb={model.get('pos_emb')!r}.")
+  length = data.get("max_length", 0)
+  if n_cm and length % rate:
+    raise ValueError(f"config.model.compression_rate = {rate}: must divide the segment "
+                     f"config.data.max_length = {length}.")
+  seg = model.get("segment_length", 0) or m_len
+  if n_cm and seg % rate:
+    raise ValueError(f"config.model.compression_rate = {rate}: must divide the evaluation "
+                     f"segment {seg} (config.model.segment_length, 0: memory_length).")
+  if data.get("streams", 0) != config.get("batch_size"):
+    raise ValueError(f"config.data.streams = {data.get('streams', 0)!r}: must equal "
+                     f"config.batch_size = {config.get('batch_size')} with a memory (each batch "
+                     "row one contiguous stream).")
 
 
 def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
@@ -289,13 +327,12 @@ def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
       _check_heads(model)
       _check_order(model)
       _check_positions(model)
-      if "memory_length" in model:   # Transformer-XL / compressive memory (configs/charlm.py)
-        from configs import charlm  # pylint: disable=import-outside-toplevel
-        charlm.check_memory(config)
       if "attention" in model:
         check_attention(model.attention, "config.model.attention")
         _check_layer_attention(model)
         _check_sequence_split(config)
+      if "memory_length" in model:   # Transformer-XL / compressive memory (configs/charlm.py)
+        check_memory(config)
   except ValueError as e:
     if context:
       raise ValueError(f"{context}{e}") from None
@@ -307,5 +344,5 @@ def check_data(config: ml_collections.ConfigDict) -> None:
   _check_fields(config, prefix="data.")
 
 
-__all__ = ["FIELDS", "POOLINGS", "POSITIONS", "RELATIVE_KINDS", "SCHEDULES", "check", "check_attention",
-           "check_data"]
+__all__ = ["COMPRESSIONS", "DTYPES", "FIELDS", "MESH_AXES", "POOLINGS", "POSITIONS", "REMATS",
+           "SCHEDULES", "check", "check_attention", "check_data", "check_memory"]

@@ -64,9 +64,9 @@ def model_config(config: ml_collections.ConfigDict, task) -> dict[str, Any]:
 
 def validate_config(config: ml_collections.ConfigDict, task) -> None:
   """Checks names and combinations before anything is built; messages say what to change."""
-  from configs import validate
+  from lra import schema
   from models.encoder import layer_specs
-  validate.check(config)
+  schema.check(config)
   specs = layer_specs(config.model.attention.to_dict(), config.model.layer_attention,
                       config.model.num_layers)
   task.check_layers([attention_kinds.get(spec.get("kind")).name for spec in specs])

@@ -102,6 +102,12 @@ class LinformerProjections(Extras):
     self.proj_k = param(rngs, init, shape, names)
     self.proj_v = param(rngs, init, shape, names) if sharing in ("none", "headwise") else None
 
+  @property
+  def takes_inputs(self) -> bool:
+    """Whether `linformer_from_inputs` applies: length projections shared by the heads
+    (`[max_length, k]`; per-head ones are `[H, max_length, k]`)."""
+    return self.proj_k[...].ndim == 2
+
   def __call__(self, *, length: int, rng) -> dict[str, Any]:
     del length, rng  # the primitive uses the first L rows of the [.., max_length, k] arrays
     proj_k = self.proj_k[...]

@@ -6,9 +6,10 @@ primitive (except those the kind's extras class consumes; see `models.attention_
 kind's record says whether it can be causal, whether q and k are one projection and which
 extras class owns its per-layer arrays. The layer computes `q, k, v: [B, L, H, Dh]`, calls
 `attention.get(kind)(q, k, v, key_mask=..., **args)` and projects the heads back to `[B, L, E]`.
-Linformer with length projections shared by the heads is the exception: the layer hands it the
-key and value inputs and kernels (`attention.linformer.linformer_from_inputs`), which projects
-along the length first, the same function with less work.
+A kind whose record names a `from_inputs` function is the exception when its extras allow it
+(Linformer with length projections shared by the heads): the layer hands it the key and value
+inputs and kernels (`attention.linformer.linformer_from_inputs`), which projects along the
+length first, the same function with less work.
 
 `positions` (from `config.model.pos_emb`, see docs/positions.md) adds position information
 inside the layer, before the kind is called: "rotary" rotates q and k (`attention.rotary`);
@@ -19,6 +20,7 @@ appends the factorised relative features to q and k (band).
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Mapping
 
 import jax
@@ -27,9 +29,9 @@ from flax import nnx
 
 import attention
 from attention import kinds
-from attention import linformer, relative, rotary
+from attention import relative, rotary
 from models import attention_extras, sequence
-from models.embeddings import IN_LAYER, RELATIVE_KINDS, sinusoidal_table
+from models.embeddings import IN_LAYER, sinusoidal_table
 from models.sharding import param
 
 
@@ -73,7 +75,7 @@ class MultiHeadAttention(nnx.Module):
     if qkv_dim % num_heads:
       raise ValueError(f"qkv_dim ({qkv_dim}) must be a multiple of num_heads ({num_heads}).")
     self.kind, args = split_spec(spec)
-    record = kinds.get(self.kind)
+    record = self.record = kinds.get(self.kind)
     if causal:
       record.check_causal()
     head_dim = qkv_dim // num_heads
@@ -97,8 +99,9 @@ class MultiHeadAttention(nnx.Module):
       raise ValueError(f"pos_emb='rotary' needs an even head dimension (qkv_dim / num_heads = "
                        f"{head_dim}).")
     if self.pos_kind == "relative":
-      if self.kind not in RELATIVE_KINDS:
-        raise ValueError(f"pos_emb='relative' works with attention {' and '.join(RELATIVE_KINDS)}"
+      if record.relative is None:
+        relative_kinds = kinds.names_where(lambda k: k.relative)
+        raise ValueError(f"pos_emb='relative' works with attention {' and '.join(relative_kinds)}"
                          f", not {self.kind!r}.")
       rel_dim = head_dim + head_dim % 2        # the sinusoid's width E (even)
       self.w_r = _kernel(rngs, (rel_dim, num_heads, head_dim), (None, "heads", "head_dim"),
@@ -113,27 +116,29 @@ class MultiHeadAttention(nnx.Module):
           self.kind, args, num_heads=num_heads, head_dim=head_dim, max_length=max_length,
           rngs=rngs, layer_index=layer_index)
 
-  def _linformer_from_inputs(self) -> bool:
-    """Whether Linformer can project the inputs along the length before the key and value
-    projections (the same function, less work: `attention.linformer.linformer_from_inputs`):
-    with length projections shared by the heads, unrotated keys and one device."""
-    return (self.kind == "linformer" and self.pos_kind != "rotary"
-            and self.extras.proj_k[...].ndim == 2 and sequence.devices() == 1)
+  def _takes_inputs(self) -> bool:
+    """Whether the kind's `from_inputs` function can take the layer inputs instead of q, k, v
+    (Linformer projects the inputs along the length before the key and value projections, the
+    same function with less work: `attention.linformer.linformer_from_inputs`): when its extras
+    say so (length projections shared by the heads), with unrotated keys and one device."""
+    return (self.record.from_inputs is not None and self.pos_kind != "rotary"
+            and bool(getattr(self.extras, "takes_inputs", False)) and sequence.devices() == 1)
 
-  def _linformer_call(self, x, key_mask, rng):
+  def _inputs_call(self, x, key_mask, rng):
     x_v = x                              # the value projection's input
     if self.pos_kind == "infused":       # positions in the q/k inputs only (Shortformer)
       x = x + jnp.asarray(sinusoidal_table(x.shape[1], x.shape[2]))[None].astype(x.dtype)
     q = jnp.einsum("ble,ehd->blhd", x, self.query[...].astype(x.dtype))  # [B, L, H, Dh]
-    out = linformer.linformer_from_inputs(
+    fn = getattr(importlib.import_module(self.record.module_path), self.record.from_inputs)
+    out = fn(
         q, x, x_v, self.key[...], self.value[...], key_mask=key_mask,
         **self.extras(length=x.shape[1], rng=rng))
     return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))
 
   def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
     """x: `[B, L, E]`; key_mask: `[B, L]` bool (True = real token); rng: key or None (eval)."""
-    if self._linformer_from_inputs():
-      return self._linformer_call(x, key_mask, rng)
+    if self._takes_inputs():
+      return self._inputs_call(x, key_mask, rng)
     v = jnp.einsum("ble,ehd->blhd", x, self.value[...].astype(x.dtype))  # [B, L, H, Dh]
     if self.pos_kind == "infused":       # positions in the q/k inputs only (Shortformer)
       x = x + jnp.asarray(sinusoidal_table(x.shape[1], x.shape[2]))[None].astype(x.dtype)
@@ -151,7 +156,7 @@ class MultiHeadAttention(nnx.Module):
       kwargs["causal"] = True
     if self.pos_kind == "relative":
       rel = dict(u=self.u[...], v_bias=self.v_bias[...], w_r=self.w_r[...])
-      if self.kind == "dot_product" and sequence.devices() == 1:
+      if self.record.relative == "dense" and sequence.devices() == 1:
         out = relative.relative_attention(q, k, v, key_mask=key_mask, **rel, **kwargs)
         return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))
       q, k = relative.factorised_qk(q, k, **rel)                         # [B, L, H, Dh + E]

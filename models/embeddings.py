@@ -19,8 +19,6 @@ from models.sharding import param
 
 POSITION_KINDS = ("sinusoidal", "learned", "none", "rotary", "infused", "relative")
 IN_LAYER = ("rotary", "infused", "relative")
-# The attention kinds that compute Transformer-XL relative logits (configs/validate.py agrees).
-RELATIVE_KINDS = ("dot_product", "band")
 
 
 def sinusoidal_table(length: int, dim: int, max_scale: float = 10000.0) -> np.ndarray:

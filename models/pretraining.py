@@ -14,8 +14,8 @@ features are zeroed), so no vocabulary entry is added.
   * `causal_logits`: next-token logits of an encoder built with `causal=True`.
   * `mpnet_logits`: MPNet's two streams (Song et al. 2020) with the masks of
     `attention.masks.mpnet_position_masks`, composed with the pattern of each layer's attention
-    kind (`permutation_pattern`); kinds whose attention is not a pattern over positions are
-    refused (`PERMUTATION_REFUSED` in configs/common.py says why).
+    kind (`permutation_pattern`, the builder its record names in `Kind.pattern`); kinds whose
+    attention is not a pattern over positions are refused (`Kind.no_pattern` says why).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import attention
-from attention import masks, rotary
-from configs.common import PERMUTATION_REFUSED
+from attention import kinds, masks, rotary
 from models.embeddings import sinusoidal_table
 from models.encoder import dropout, run_blocks
 
@@ -74,30 +73,13 @@ def causal_logits(encoder, tokens: jax.Array, *, rng=None) -> jax.Array:
 def permutation_pattern(spec: Mapping[str, Any], length: int, num_heads: int) -> np.ndarray:
   """bool `[H|1, L, L]`: the pairs attention `spec` allows over `length` positions, to be
   composed with the permutation masks; raises ValueError for the kinds that have no such
-  pattern (PERMUTATION_REFUSED)."""
-  kind = spec["kind"]
-  if kind in PERMUTATION_REFUSED:
-    raise ValueError(f"attention {kind!r} cannot be composed with MPNet's permutation masks: "
-                     f"{PERMUTATION_REFUSED[kind]}")
-  if kind in ("dot_product", "flash"):
-    return np.ones((1, length, length), bool)
-  if kind == "band":
-    dilation = spec.get("dilation", 1)
-    dilation = tuple(dilation) if isinstance(dilation, (list, tuple)) else dilation
-    per_head = isinstance(dilation, tuple)
-    out = masks.band_mask(length, window=int(spec["window"]), dilation=dilation,
-                          num_heads=num_heads if per_head else None)
-    return out if per_head else out[None]
-  if kind == "block_local":
-    return masks.block_local_mask(length, block_size=int(spec["block_size"]))[None]
-  if kind == "sparse":
-    stride = int(spec["stride"])
-    if spec.get("pattern", "fixed") == "strided":
-      return masks.strided_mask(length, stride=stride)[None]
-    width = spec.get("summary_width") or max(1, stride // 8)
-    return masks.fixed_mask(length, stride=stride, summary_width=int(width), num_heads=num_heads,
-                            num_summary_offsets=spec.get("num_summary_offsets"))
-  raise ValueError(f"attention {kind!r} has no permutation pattern here.")
+  pattern (`Kind.no_pattern` says why)."""
+  args = dict(spec)
+  kind = kinds.get(args.pop("kind"))
+  if kind.pattern is None:
+    raise ValueError(f"attention {kind.name!r} cannot be composed with MPNet's permutation "
+                     f"masks: {kind.no_pattern}")
+  return getattr(masks, kind.pattern)(length, num_heads, args)
 
 
 def _streams_attention(layer, xc, xq, content_mask, query_mask, positions):

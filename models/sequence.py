@@ -6,8 +6,8 @@ multiple of that size (padding tokens, so nothing changes), constrains the activ
 split along the length, and every attention layer runs its kind's sequence-parallel primitive
 (`attention.sequence_parallel`) under `jax.shard_map`: band attention exchanges halos with its
 neighbours, FAVOR+ and linear attention their feature states. Parameters are not split along
-the axis. Other kinds cannot run split; `configs.validate` refuses them (SEQUENCE_KINDS there
-must match `FUNCTIONS` here).
+the axis. The kind's record names that primitive (`Kind.sequence_parallel`); kinds without one
+cannot run split, and the config check refuses them.
 """
 
 from __future__ import annotations
@@ -20,10 +20,6 @@ from jax.sharding import PartitionSpec as P
 
 AXIS = "sequence"
 BATCH_AXES = ("data", "fsdp")
-# kind -> the function of attention.sequence_parallel that runs it split.
-FUNCTIONS = {"band": "sequence_parallel_band_attention",
-             "favor": "sequence_parallel_favor_attention",
-             "linear": "sequence_parallel_linear_attention"}
 
 
 def devices() -> int:
@@ -59,11 +55,13 @@ def pad_length(x: jax.Array, key_mask: jax.Array, multiple: int):
 
 def attend(kind: str, q, k, v, key_mask, args: Mapping[str, Any]) -> jax.Array:
   """`kind`'s attention of q, k, v `[B, L, H, D]` with L split over the sequence axis."""
-  from attention import sequence_parallel
-  if kind not in FUNCTIONS:
+  from attention import kinds, sequence_parallel
+  name = kinds.get(kind).sequence_parallel
+  if name is None:
+    split = kinds.names_where(lambda k: k.sequence_parallel)
     raise ValueError(f"attention {kind!r} cannot run with the sequence split over devices; "
-                     f"use one of {', '.join(sorted(FUNCTIONS))}, or mesh.sequence=1.")
-  fn = getattr(sequence_parallel, FUNCTIONS[kind])
+                     f"use one of {', '.join(split)}, or mesh.sequence=1.")
+  fn = getattr(sequence_parallel, name)
   mesh = jax.sharding.get_abstract_mesh()
   batch = _batch_axes(mesh)
   tokens, mask = P(batch, AXIS, None, None), P(batch, AXIS)

@@ -13,7 +13,7 @@ from flax import nnx
 
 import attention
 import models
-from attention import kinds
+from attention import kinds, linformer
 from configs import common
 from models.encoder import layer_specs
 
@@ -224,8 +224,8 @@ def test_linformer_layer_projects_inputs_first_when_it_can(monkeypatch, sharing,
   key_mask = jnp.arange(LENGTH)[None, :] < jnp.asarray([LENGTH, 5, 0])[:, None]
   ct = jnp.asarray(np.random.RandomState(5).standard_normal((3, LENGTH, 16)), jnp.float32)
   calls = []
-  spy = attention_layer.linformer.linformer_from_inputs
-  monkeypatch.setattr(attention_layer.linformer, "linformer_from_inputs",
+  spy = linformer.linformer_from_inputs
+  monkeypatch.setattr(linformer, "linformer_from_inputs",
                       lambda *a, **kw: calls.append(1) or spy(*a, **kw))
 
   def run():
@@ -234,7 +234,7 @@ def test_linformer_layer_projects_inputs_first_when_it_can(monkeypatch, sharing,
 
   out, grads = run()
   assert bool(calls) == fast
-  monkeypatch.setattr(attention_layer.MultiHeadAttention, "_linformer_from_inputs",
+  monkeypatch.setattr(attention_layer.MultiHeadAttention, "_takes_inputs",
                       lambda self: False)
   ref_out, ref_grads = run()
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), atol=2e-5, rtol=1e-5)

@@ -13,7 +13,7 @@ from flax import nnx
 import configs
 import task_helpers
 from attention import masks
-from configs import validate
+from lra import schema
 from lra import phases, tasks, train
 from lra.tasks.pretraining import bert_corruption, permutation
 
@@ -153,7 +153,7 @@ def test_mpnet_refuses_linformer_and_a_bad_mask_rate():
                          overrides=[("protocol", "spt"), ("pretrain.objective", "mpnet")])
   c = configs.build_config("listops", size="small", overrides=[("model.mask_rate", "1.2")])
   with pytest.raises(ValueError, match=r"config.model.mask_rate = 1.2: must be a number in"):
-    validate.check(c)
+    schema.check(c)
 
 
 def test_cli_refuses_in_one_line():

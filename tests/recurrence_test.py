@@ -331,12 +331,12 @@ def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
 ])
 def test_bad_memory_settings_are_one_line_errors(overrides, words):
   import configs
-  from configs import validate
+  from lra import schema
   c = configs.build_config("enwik8", size="small", attention="dot_product")
   c.model.memory_length, c.data.streams, c.data.max_length = 64, c.batch_size, 128
   for key, value in overrides.items():
     node, *path = key.split(".")
     c[node][path[0]] = value
   with pytest.raises(ValueError, match=words) as e:
-    validate.check(c)
+    schema.check(c)
   assert "\n" not in str(e.value)

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import configs
-from configs import validate
+from lra import schema
 from models import encoder
 from tests import models_test
 
@@ -75,7 +75,7 @@ def test_bad_remat_names_are_refused():
   with config.unlocked():
     config.remat = "blocks"
   with pytest.raises(ValueError, match=r"config.remat = 'blocks'.*none, block"):
-    validate.check(config)
+    schema.check(config)
   with pytest.raises(ValueError, match="valid: none, block"):
     encoder.block_runner("everything")
 

@@ -1,4 +1,4 @@
-"""Tests for configs/validate.py: bad config values end `lra run` at once in one line.
+"""Tests for lra/schema.py: bad config values end `lra run` at once in one line.
 
 Every bad value goes through the real command (`launch.cli.main`), which must return 2 and print
 exactly one `error: ` line naming the field and its value, before anything heavy is imported (a
@@ -20,11 +20,10 @@ from flax import nnx
 import attention
 import configs
 from attention import kinds, synthesizer
-from configs import validate
 from launch import cli, train as launcher
-from lra import mesh, tasks
+from lra import mesh, schema, tasks
 from lra import train as trainer
-from models import attention_extras, embeddings, encoder, sequence
+from models import attention_extras, embeddings, encoder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +58,7 @@ BAD = [
      "of sinusoidal, learned, none, rotary, infused, relative"),
     (["listops", "--attention", "favor", "--config.model.pos_emb=relative"],
      "config.model.pos_emb = 'relative': attention 'favor' has no relative positions; valid "
-     "kinds: dot_product, band"),
+     "kinds: band, dot_product"),
     (["listops", "--config.model.sublayers=sfx"], "config.model.sublayers = 'sfx': must be a "
      "string of 's' (self-attention) and 'f' (feed-forward) only"),
     (["listops", "--config.model.sandwich=9"], "config.model.sandwich = 9: must be an integer in"),
@@ -106,7 +105,7 @@ def test_messages_say_what_the_value_must_be():
   with config.unlocked():
     config.log_every = 0
   with pytest.raises(ValueError) as e:
-    validate.check(config)
+    schema.check(config)
   assert str(e.value) == ("config.log_every = 0: must be a positive integer (steps between "
                           "train-metric records).")
 
@@ -168,7 +167,7 @@ EVERY_CONFIG = [(task, size, kind) for task in sorted(tasks.TASKS)
 @pytest.mark.parametrize("task, size, kind", EVERY_CONFIG)
 def test_every_shipped_config_passes(task, size, kind):
   config = configs.build_config(task, size=size, attention=kind)
-  validate.check(config)
+  schema.check(config)
   launcher.check_config(config)  # and every phase of the staged ones
 
 
@@ -199,14 +198,13 @@ def test_kind_arguments_match_the_primitive_and_its_extras(name):
 
 
 def test_names_agree_with_the_trainer_and_the_models():
-  assert validate.POOLINGS == encoder.POOLINGS
-  assert validate.REMATS == tuple(encoder.REMAT)
-  assert validate.DTYPES == encoder.DTYPES
-  assert validate.SEQUENCE_KINDS == tuple(sorted(sequence.FUNCTIONS))
-  assert validate.POSITIONS == embeddings.POSITION_KINDS
-  assert validate.MESH_AXES == mesh.MESH_AXES
+  assert schema.POOLINGS == encoder.POOLINGS
+  assert schema.REMATS == tuple(encoder.REMAT)
+  assert schema.DTYPES == encoder.DTYPES
+  assert schema.POSITIONS == embeddings.POSITION_KINDS
+  assert schema.MESH_AXES == mesh.MESH_AXES
   config = configs.build_config("listops", size="small")
-  for name in validate.SCHEDULES:
+  for name in schema.SCHEDULES:
     with config.unlocked():
       config.schedule = name
     assert float(trainer.learning_rate_schedule(config)(10)) >= 0

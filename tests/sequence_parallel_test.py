@@ -228,12 +228,12 @@ def test_a_split_sequence_trains_like_one_device(kind, pool, dropout):
 
 def test_kinds_that_cannot_run_split_are_refused():
   import configs
-  from configs import validate
+  from lra import schema
   config = configs.build_config("listops", size="small", attention="dot_product",
                                 overrides=[("mesh.sequence", "2")])
   with pytest.raises(ValueError, match=r"config.mesh.sequence = 2: attention 'dot_product' "
                                        r"cannot run with the sequence split"):
-    validate.check(config)
+    schema.check(config)
 
 
 def test_a_character_lm_with_the_sequence_split_trains_like_one_device():

@@ -32,7 +32,6 @@ import numpy as np
 from flax import nnx
 
 from attention import kinds as attention_kinds
-from configs.common import check_permutation_kinds
 from lra.tasks.base import Task, weighted_sums
 from lra.tasks.classification import ClassificationTask
 from models import pretraining as heads
@@ -100,7 +99,7 @@ class PretrainingTask(Task):
       for kind in kinds:
         attention_kinds.get(kind).check_causal()
     if self.objective_name == "mpnet":
-      check_permutation_kinds(kinds)
+      attention_kinds.check_permutation(kinds)
 
   def logits_and_targets(self, model, tokens: jax.Array, key, rng):
     """(logits `[B, L', V]`, targets `[B, L']`, scored bool `[B, L']`) of one token field."""
