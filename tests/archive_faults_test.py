@@ -35,8 +35,8 @@ import tensorflow_datasets as tfds
 
 import task_helpers
 from launch import cli, data as data_launcher, train as train_launcher
-from lra.data import archives, builders, charlm, listops_generator
-from lra.tasks import image, listops, text
+from lra.data import archives, builders, charlm, image, listops, listops_generator, text
+from lra.tasks import text as text_task
 
 
 @pytest.fixture(autouse=True)
@@ -361,7 +361,7 @@ def test_killed_preparation_is_cleaned_and_the_next_succeeds(data_root, capsys):
   stale = _killed_build(os.path.dirname(builder.data_dir))
   rc, err = prepare(data_root, fmt, capsys)
   assert rc == 0 and not os.path.exists(stale) and stale in err, err
-  assert text.TASK.status(fmt.data_cfg(data_root)).ready
+  assert text_task.TASK.status(fmt.data_cfg(data_root)).ready
   assert [os.path.basename(p) for p in leftovers(data_root)] == ["1.0.0"]
 
 

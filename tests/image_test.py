@@ -1,6 +1,6 @@
-"""Tests for lra.tasks.image and configs/image.py: a CIFAR-10 python archive in the original
-format (Python 2 pickles in a tar.gz), the LRA grayscale formula, splits, ids (black = 1, not
-padding), missing/corrupt archive errors, the restricted unpickler, and two training steps."""
+"""Tests for lra.data.image, lra.tasks.image and configs/image.py: a CIFAR-10 python archive in the
+original format (Python 2 pickles in a tar.gz), the LRA grayscale formula, splits, ids (black = 1,
+not padding), missing/corrupt archive errors, the restricted unpickler, and two training steps."""
 
 import os
 import pickle
@@ -11,8 +11,8 @@ import pytest
 
 import task_helpers
 from configs import image as image_config
-from lra.data import archives
-from lra.tasks import image
+from lra.data import archives, image
+from lra.tasks import image as image_task
 from task_helpers import py2_pickle
 
 jax.config.update("jax_disable_most_optimizations", True)
@@ -51,7 +51,7 @@ def prepared(tmp_path_factory):
   os.makedirs(root / "manual")
   content = write_cifar(str(root / "manual" / image.CIFAR10.filename))
   cfg = _cfg(root)
-  before, _ = task_helpers.prepare_with_status(image.TASK, cfg)
+  before, _ = task_helpers.prepare_with_status(image_task.TASK, cfg)
   return cfg, content, before
 
 
@@ -74,7 +74,7 @@ def test_grayscale_is_the_tf_formula_for_every_colour():
 def test_dataset_from_the_archive(prepared):
   cfg, content, before = prepared
   assert not before.ready and "prepare image" in before.detail
-  after = image.TASK.status(cfg)
+  after = image_task.TASK.status(cfg)
   assert after.ready and after.detail.startswith(cfg.data_dir)
   src = {s: image.get_source(cfg, s) for s in ("train", "validation", "test")}
   assert [len(src[s]) for s in src] == [18, 2, PER_BATCH]
@@ -101,9 +101,9 @@ def test_dataset_from_the_archive(prepared):
 
 def test_missing_archive_names_url_file_and_directory(tmp_path):
   cfg = _cfg(tmp_path)
-  status = image.TASK.status(cfg)
+  status = image_task.TASK.status(cfg)
   assert not status.ready and image.CIFAR10.url in status.detail
-  msg = task_helpers.missing_data_message(image.TASK, cfg, "val")
+  msg = task_helpers.missing_data_message(image_task.TASK, cfg, "val")
   assert image.CIFAR10.url in msg and "cifar-10-python.tar.gz" in msg
   assert os.path.join(str(tmp_path), "manual") in msg
 
@@ -111,7 +111,7 @@ def test_missing_archive_names_url_file_and_directory(tmp_path):
 def test_truncated_archive_leaves_no_dataset(tmp_path):
   cfg = _cfg(tmp_path)
   task_helpers.check_truncated_archive(
-      image.TASK, cfg, os.path.join(cfg.manual_dir, image.CIFAR10.filename), write_cifar,
+      image_task.TASK, cfg, os.path.join(cfg.manual_dir, image.CIFAR10.filename), write_cifar,
       match="truncated or corrupt")
   assert not os.path.exists(os.path.join(cfg.data_dir, "lra_image", "grayscale", "1.0.0"))
 
@@ -125,8 +125,8 @@ def test_pickle_with_other_globals_is_refused(tmp_path):
               test_batch=pickle.dumps({b"data": Evil()}, protocol=2))
   cfg = _cfg(tmp_path)
   with pytest.raises(archives.CorruptArchiveError, match="refusing to load the global"):
-    image.TASK.prepare(cfg)
-  task_helpers.assert_nothing_built(image.TASK, cfg)
+    image_task.TASK.prepare(cfg)
+  task_helpers.assert_nothing_built(image_task.TASK, cfg)
   with pytest.raises(pickle.UnpicklingError):
     image.load_pickle(pickle.dumps(Evil(), protocol=4))
   # numpy arrays pickled by numpy 2 (numpy._core) load too.
@@ -139,7 +139,7 @@ def test_wrong_batch_structure_is_reported(tmp_path):
   write_cifar(str(tmp_path / "manual" / image.CIFAR10.filename),
               test_batch=py2_pickle({b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}))
   with pytest.raises(archives.CorruptArchiveError, match=r"uint8 \[N, 3072\]"):
-    image.TASK.prepare(_cfg(tmp_path))
+    image_task.TASK.prepare(_cfg(tmp_path))
 
 
 def test_configs():

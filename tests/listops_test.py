@@ -1,4 +1,5 @@
-"""Tests for lra.tasks.listops: grammar, labels, released format, vocabulary, tfds dataset."""
+"""Tests for lra.data.listops and lra.tasks.listops: grammar, labels, released format, vocabulary,
+tfds dataset."""
 
 import collections
 import csv
@@ -10,8 +11,8 @@ import pytest
 
 from lra import tasks
 from configs import listops as listops_config
-from lra.data import archives, listops_generator as gen
-from lra.tasks import listops
+from lra.data import archives, listops, listops_generator as gen
+from lra.tasks import listops as listops_task
 from lra.tasks.classification import ClassificationTask
 
 # The LRA generator's own definitions, used as an independent reference: a tree is written as
@@ -227,7 +228,7 @@ def test_tsvs_under_data_dir_are_the_manual_dir_and_unneeded_once_built(tmp_path
   test = _rows(listops.get_source(cfg, "test"))
   assert len(test) == 5
   shutil.rmtree(folder)   # a prepared dataset loads without its TSVs and extracts nothing
-  assert listops.TASK.status(cfg).ready
+  assert listops_task.TASK.status(cfg).ready
   assert _rows(listops.get_source(cfg, "test")) == test
   assert not os.path.exists(tmp_path / "manual")
 
@@ -243,11 +244,11 @@ def test_missing_data_error_names_files_and_directory(tmp_path):
     assert part in msg
   with pytest.raises(ValueError, match="valid splits: train, validation, test"):
     listops.get_source(cfg, "val")
-  status = listops.TASK.status(cfg)
+  status = listops_task.TASK.status(cfg)
   assert not status.ready and archives.LRA_RELEASE.url in status.detail
   os.makedirs(tmp_path / "manual")
   (tmp_path / "manual" / "lra_release.gz").write_bytes(b"")
-  assert "the input files are in place" in listops.TASK.status(cfg).detail
+  assert "the input files are in place" in listops_task.TASK.status(cfg).detail
 
 
 def test_bad_tsv_is_reported(tmp_path):
@@ -262,7 +263,7 @@ def test_bad_tsv_is_reported(tmp_path):
 
 def test_task_registry():
   task = tasks.get_task("listops")
-  assert task is listops.TASK and isinstance(task, ClassificationTask)
+  assert task is listops_task.TASK and isinstance(task, ClassificationTask)
   assert set(tasks.TASKS) == {"listops", "text", "retrieval", "image", "pathfinder", "pathx",
                               "enwik8", "text8", "sort_marked"}
   assert (task.name, task.num_classes, task.vocab_size) == ("listops", 10, 17)

@@ -1,7 +1,7 @@
-"""Tests for lra.tasks.pathfinder (Pathfinder and Path-X) and their configs: a folder in the LRA
-release layout (PNGs + text .npy metadata, with an all-zero image), the same packed in
-lra_release.gz, splits and ids, errors for missing/truncated/corrupt inputs, the generator glue,
-and two training steps of Pathfinder and of Path-X."""
+"""Tests for lra.data.pathfinder and lra.tasks.pathfinder (Pathfinder and Path-X) and their
+configs: a folder in the LRA release layout (PNGs + text .npy metadata, with an all-zero image),
+the same packed in lra_release.gz, splits and ids, errors for missing/truncated/corrupt inputs, the
+generator glue, and two training steps of Pathfinder and of Path-X."""
 
 import io
 import os
@@ -16,10 +16,10 @@ import pytest
 import lra.data
 import task_helpers
 from configs import pathfinder as pathfinder_config, pathx as pathx_config
-from lra.data import archives, png
-from lra.tasks import pathfinder
+from lra.data import archives, pathfinder, png
+from lra.tasks import pathfinder as pathfinder_task
 
-pathx = pathfinder.PATHX   # the Task object of Path-X: pathfinder's functions at 128x128
+pathx = pathfinder_task.PATHX   # the Task object of Path-X: pathfinder's functions at 128x128
 
 jax.config.update("jax_disable_most_optimizations", True)
 
@@ -103,13 +103,13 @@ def check_dataset(cfg, rows, module=pathfinder):
 def test_release_folder(tmp_path, capfd, monkeypatch):
   rows = write_release(release_dir(tmp_path / "manual"))
   cfg = _cfg(tmp_path)
-  before = pathfinder.TASK.status(cfg)
+  before = pathfinder_task.TASK.status(cfg)
   assert not before.ready and release_dir(tmp_path / "manual") in before.detail
-  pathfinder.TASK.prepare(cfg)
+  pathfinder_task.TASK.prepare(cfg)
   err = capfd.readouterr().err
   assert "pathfinder: reading images" in err and "20/20" in err
   assert "dropped 1 empty (all-zero) image(s)" in err
-  after = pathfinder.TASK.status(cfg)
+  after = pathfinder_task.TASK.status(cfg)
   assert after.ready and "release32_hard" in after.detail
   check_dataset(cfg, rows)
   batch = pathfinder.get_source(cfg, "train").__getitems__([3, 1])
@@ -126,7 +126,7 @@ def test_extracted_from_lra_release_gz(tmp_path):
   tarball = str(tmp_path / "manual" / "lra_release.gz")
   write_release_tarball(tarball, str(tmp_path / "src"), "pathfinder32/curv_contour_length_14")
   cfg = _cfg(tmp_path)
-  status = pathfinder.TASK.status(cfg)
+  status = pathfinder_task.TASK.status(cfg)
   assert not status.ready and "input files are in place" in status.detail
   check_dataset(cfg, rows)
   assert os.path.isdir(release_dir(tmp_path / "manual"))
@@ -137,7 +137,7 @@ def test_truncated_lra_release_leaves_nothing(tmp_path):
   write_release(str(tmp_path / "src"))
   cfg = _cfg(tmp_path)
   task_helpers.check_truncated_archive(
-      pathfinder.TASK, cfg, str(tmp_path / "manual" / "lra_release.gz"),
+      pathfinder_task.TASK, cfg, str(tmp_path / "manual" / "lra_release.gz"),
       lambda path: write_release_tarball(path, str(tmp_path / "src"),
                                          "pathfinder32/curv_contour_length_14"),
       match="truncated or corrupt", keep=2 / 3)
@@ -148,9 +148,9 @@ def test_truncated_lra_release_leaves_nothing(tmp_path):
 
 def test_missing_release_names_url_file_and_directory(tmp_path):
   cfg = _cfg(tmp_path)
-  status = pathfinder.TASK.status(cfg)
+  status = pathfinder_task.TASK.status(cfg)
   assert not status.ready and archives.LRA_RELEASE.url in status.detail
-  msg = task_helpers.missing_data_message(pathfinder.TASK, cfg, "dev")
+  msg = task_helpers.missing_data_message(pathfinder_task.TASK, cfg, "dev")
   for part in (archives.LRA_RELEASE.url, "lra_release.gz", str(tmp_path / "manual"),
                "pathfinder32/curv_contour_length_14", "data.generate=True"):
     assert part in msg
@@ -158,14 +158,14 @@ def test_missing_release_names_url_file_and_directory(tmp_path):
   with pytest.raises(archives.DataMissingError, match="pathfinder128/curv_contour_length_14"):
     pathx.get_source(xcfg, "train")
   with pytest.raises(ValueError, match="valid: easy, intermediate, hard"):
-    pathfinder.TASK.status(_cfg(tmp_path, difficulty="medium"))
+    pathfinder_task.TASK.status(_cfg(tmp_path, difficulty="medium"))
 
 
 def test_difficulty_picks_the_folder(tmp_path):
   rows = write_release(release_dir(tmp_path / "manual", difficulty="curv_baseline"), seed=3)
   cfg = _cfg(tmp_path, difficulty="easy")
   check_dataset(cfg, rows)
-  assert "release32_easy" in pathfinder.TASK.status(cfg).detail
+  assert "release32_easy" in pathfinder_task.TASK.status(cfg).detail
 
 
 def test_bad_images_and_metadata_name_the_file(tmp_path):
@@ -174,19 +174,19 @@ def test_bad_images_and_metadata_name_the_file(tmp_path):
   bad = os.path.join(folder, "imgs", "2", "sample_4.png")
   png.write(bad, np.ones((16, 32), np.uint8))
   with pytest.raises(ValueError, match=r"sample_4.png is 32x16 pixels .*data.resolution is 32"):
-    pathfinder.TASK.prepare(_cfg(tmp_path))
+    pathfinder_task.TASK.prepare(_cfg(tmp_path))
   with open(bad, "wb") as f:
     f.write(b"\x89PNG\r\n\x1a\nbroken")
   with pytest.raises(archives.CorruptArchiveError, match="sample_4.png"):
-    pathfinder.TASK.prepare(_cfg(tmp_path))
+    pathfinder_task.TASK.prepare(_cfg(tmp_path))
   os.remove(bad)
   with pytest.raises(archives.CorruptArchiveError, match="sample_4.png is listed"):
-    pathfinder.TASK.prepare(_cfg(tmp_path))
+    pathfinder_task.TASK.prepare(_cfg(tmp_path))
   with open(os.path.join(folder, "metadata", "2.npy"), "a") as f:
     f.write("imgs/2 sample_11.png 11 7 0\n")
   with pytest.raises(archives.CorruptArchiveError, match=r"2.npy:11: label 7"):
-    pathfinder.TASK.prepare(_cfg(tmp_path))
-  assert not pathfinder.TASK.status(_cfg(tmp_path)).ready
+    pathfinder_task.TASK.prepare(_cfg(tmp_path))
+  assert not pathfinder_task.TASK.status(_cfg(tmp_path)).ready
 
 
 def test_generate_writes_the_release_layout_then_builds(tmp_path, monkeypatch):
@@ -205,13 +205,13 @@ def test_generate_writes_the_release_layout_then_builds(tmp_path, monkeypatch):
   monkeypatch.setattr(lra.data, "pathfinder_generator", fake, raising=False)
   cfg = _cfg(tmp_path, generate=True, num_generated=20, generator_seed=5,
              difficulty="intermediate")
-  assert "generated32_intermediate_n20_seed5" in pathfinder.TASK.status(cfg).detail
-  pathfinder.TASK.prepare(cfg)
+  assert "generated32_intermediate_n20_seed5" in pathfinder_task.TASK.status(cfg).detail
+  pathfinder_task.TASK.prepare(cfg)
   check_dataset(cfg, rows)
   assert calls == [(32, 20, 5, 9)]
   assert os.path.isdir(os.path.join(cfg.data_dir, "generated",
                                     "generated32_intermediate_n20_seed5", "imgs"))
-  assert pathfinder.TASK.status(cfg).ready
+  assert pathfinder_task.TASK.status(cfg).ready
   pathfinder.get_source(cfg, "test")
   assert len(calls) == 1  # built once
 

@@ -7,8 +7,7 @@ import pytest
 
 from lra.data import pipeline
 from configs import listops as listops_config
-from lra.data import listops_generator as gen
-from lra.tasks import listops
+from lra.data import listops, listops_generator as gen
 
 
 class _Source:

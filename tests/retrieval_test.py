@@ -1,6 +1,7 @@
-"""Tests for lra.tasks.retrieval and configs/retrieval.py on tiny AAN TSVs in the LRA release
-format: extracted layouts (tsv_data/, aan/) and lra_release.gz extraction, stored bytes and
-labels, first-bytes truncation, missing and truncated archives, status, two training steps."""
+"""Tests for lra.data.retrieval, lra.tasks.retrieval and configs/retrieval.py on tiny AAN TSVs in
+the LRA release format: extracted layouts (tsv_data/, aan/) and lra_release.gz extraction, stored
+bytes and labels, first-bytes truncation, missing and truncated archives, status, two training
+steps."""
 
 import io
 import os
@@ -12,8 +13,8 @@ import pytest
 
 import task_helpers
 from configs import retrieval as retrieval_config
-from lra.data import archives
-from lra.tasks import retrieval
+from lra.data import archives, retrieval
+from lra.tasks import retrieval as retrieval_task
 from lra.tasks.classification import MatchingTask
 
 jax.config.update("jax_disable_most_optimizations", True)
@@ -97,7 +98,7 @@ def built(tmp_path_factory):
   root = tmp_path_factory.mktemp("retrieval")
   write_tsvs(str(root / "manual" / "lra_release" / "tsv_data"))
   cfg = data_cfg(root)
-  return (root, cfg, *task_helpers.prepare_with_status(retrieval.TASK, cfg))
+  return (root, cfg, *task_helpers.prepare_with_status(retrieval_task.TASK, cfg))
 
 
 def test_examples_from_the_extracted_release(built):
@@ -126,7 +127,7 @@ def test_storage_keeps_lra_first_10000_bytes(built):
 
 def test_status_before_and_after_prepare(built):
   root, cfg, before, folder = built
-  task_helpers.check_status(retrieval.TASK, cfg, before, folder,
+  task_helpers.check_status(retrieval_task.TASK, cfg, before, folder,
                             missing_cfg=data_cfg(root / "elsewhere"),
                             url=archives.LRA_RELEASE.url)
 
@@ -144,19 +145,19 @@ def test_release_tarball_is_extracted_then_built(tmp_path):
   os.makedirs(manual)
   write_release_tarball(str(manual / "lra_release.gz"))
   cfg = data_cfg(tmp_path)
-  status = retrieval.TASK.status(cfg)
+  status = retrieval_task.TASK.status(cfg)
   assert not status.ready and "in place" in status.detail
   check_split(retrieval.get_source(cfg, "train"), ROWS["train"], MAX_LENGTH)
   assert sorted(os.listdir(manual / "lra_release")) == ["tsv_data"]   # nothing else extracted
   assert sorted(os.listdir(manual / "lra_release" / "tsv_data")) == sorted(
       [archives.EXTRACTED_FROM, *retrieval.TSV_FILES.values()])   # the TSVs and their origin
-  assert retrieval.TASK.status(cfg).ready
+  assert retrieval_task.TASK.status(cfg).ready
 
 
 def test_truncated_release_tarball_raises_and_leaves_nothing(tmp_path):
   manual = tmp_path / "manual"
   task_helpers.check_truncated_archive(
-      retrieval.TASK, data_cfg(tmp_path), str(manual / "lra_release.gz"), write_release_tarball,
+      retrieval_task.TASK, data_cfg(tmp_path), str(manual / "lra_release.gz"), write_release_tarball,
       match="truncated or corrupt.*download it")
   assert os.listdir(manual / "lra_release") == []     # no half-extracted tsv_data/
   assert not [d for d, _, _ in os.walk(tmp_path) if d.endswith("1.0.0")]
@@ -164,7 +165,7 @@ def test_truncated_release_tarball_raises_and_leaves_nothing(tmp_path):
 
 def test_missing_data_names_url_files_and_directory(tmp_path):
   cfg = data_cfg(tmp_path)
-  msg = task_helpers.missing_data_message(retrieval.TASK, cfg, "eval")
+  msg = task_helpers.missing_data_message(retrieval_task.TASK, cfg, "eval")
   for part in (archives.LRA_RELEASE.url, "lra_release.gz", "new_aan_pairs.train.tsv",
                "new_aan_pairs.eval.tsv", "new_aan_pairs.test.tsv", str(tmp_path / "manual"),
                os.path.join(str(tmp_path / "manual"), "lra_release", "tsv_data")):
@@ -173,7 +174,7 @@ def test_missing_data_names_url_files_and_directory(tmp_path):
   os.makedirs(partial)
   (partial / "new_aan_pairs.train.tsv").write_bytes(tsv_bytes(ROWS["train"]))
   with pytest.raises(archives.DataMissingError, match="lacks new_aan_pairs.eval.tsv"):
-    retrieval.TASK.prepare(cfg)
+    retrieval_task.TASK.prepare(cfg)
 
 
 def test_malformed_lines_are_reported(tmp_path):
@@ -205,4 +206,4 @@ def test_configs_base_is_lra_and_small_is_smaller():
 
 
 def test_task_interface():
-  task_helpers.check_task(retrieval, MatchingTask, num_classes=2, vocab_size=257)
+  task_helpers.check_task(retrieval_task, MatchingTask, num_classes=2, vocab_size=257)

@@ -1,6 +1,6 @@
-"""Tests for lra.tasks.text and configs/text.py on a tiny aclImdb_v1.tar.gz in the original layout:
-the stored bytes and labels, first-bytes truncation, the holdout validation option, missing and
-truncated archives, status, and two training steps."""
+"""Tests for lra.data.text, lra.tasks.text and configs/text.py on a tiny aclImdb_v1.tar.gz in the
+original layout: the stored bytes and labels, first-bytes truncation, the holdout validation
+option, missing and truncated archives, status, and two training steps."""
 
 import os
 
@@ -10,8 +10,8 @@ import pytest
 
 import task_helpers
 from configs import text as text_config
-from lra.data import archives
-from lra.tasks import text
+from lra.data import archives, text
+from lra.tasks import text as text_task
 from lra.tasks.classification import ClassificationTask
 
 jax.config.update("jax_disable_most_optimizations", True)
@@ -71,7 +71,7 @@ def built(tmp_path_factory):
   os.makedirs(root / "manual")
   write_archive(str(root / "manual" / text.IMDB.filename))
   cfg = data_cfg(root)
-  return (root, cfg, *task_helpers.prepare_with_status(text.TASK, cfg))
+  return (root, cfg, *task_helpers.prepare_with_status(text_task.TASK, cfg))
 
 
 def rows_of(source):
@@ -147,12 +147,12 @@ def test_holdout_validation_is_a_seeded_part_of_train(built):
 
 def test_status_before_and_after_prepare(built):
   root, cfg, before, folder = built
-  task_helpers.check_status(text.TASK, cfg, before, folder,
+  task_helpers.check_status(text_task.TASK, cfg, before, folder,
                             missing_cfg=data_cfg(root / "elsewhere"), url=text.IMDB.url)
 
 
 def test_missing_archive_names_url_file_and_directory(tmp_path):
-  msg = task_helpers.missing_data_message(text.TASK, data_cfg(tmp_path), "dev")
+  msg = task_helpers.missing_data_message(text_task.TASK, data_cfg(tmp_path), "dev")
   for part in (text.IMDB.url, "aclImdb_v1.tar.gz", str(tmp_path / "manual")):
     assert part in msg
 
@@ -160,7 +160,7 @@ def test_missing_archive_names_url_file_and_directory(tmp_path):
 def test_truncated_archive_raises_and_leaves_no_dataset(tmp_path):
   cfg = data_cfg(tmp_path)
   task_helpers.check_truncated_archive(
-      text.TASK, cfg, os.path.join(cfg.manual_dir, text.IMDB.filename), write_archive,
+      text_task.TASK, cfg, os.path.join(cfg.manual_dir, text.IMDB.filename), write_archive,
       match="truncated or corrupt.*download it")
 
 
@@ -169,8 +169,8 @@ def test_archive_without_the_aclimdb_layout_is_refused(tmp_path):
   reviews = {k: v for k, v in REVIEWS.items() if k[0] == "train"}   # no test reviews
   write_archive(str(tmp_path / "manual" / text.IMDB.filename), reviews)
   with pytest.raises(archives.CorruptArchiveError, match="aclImdb/test/pos/"):
-    text.TASK.prepare(data_cfg(tmp_path))
-  task_helpers.assert_nothing_built(text.TASK, data_cfg(tmp_path))
+    text_task.TASK.prepare(data_cfg(tmp_path))
+  task_helpers.assert_nothing_built(text_task.TASK, data_cfg(tmp_path))
 
 
 def test_two_training_steps(built, tmp_path):
@@ -190,4 +190,4 @@ def test_configs_base_is_lra_and_small_is_smaller():
 
 
 def test_task_interface():
-  task_helpers.check_task(text, ClassificationTask, num_classes=2, vocab_size=257)
+  task_helpers.check_task(text_task, ClassificationTask, num_classes=2, vocab_size=257)

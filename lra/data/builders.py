@@ -122,8 +122,9 @@ class LabelledBuilder(Builder, skip_registration=True):
   """Base of the classification datasets: token arrays `INPUTS` and an int32 `targets` label.
 
   Each token field is a variable-length uint8 array (`token_feature`: ids, bytes or pixels, no
-  padding). The description is the task module's docstring. With `DISABLE_SHUFFLING` (the
-  default) the examples are stored in the order the builder yields them.
+  padding). The description is the docstring of the builder's module (`lra/data/<task>.py`).
+  With `DISABLE_SHUFFLING` (the default) the examples are stored in the order the builder yields
+  them.
   """
 
   HOMEPAGE = ""

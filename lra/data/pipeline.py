@@ -15,7 +15,7 @@ the same number of full-size batches (as jit and multi-host lockstep need), and 
 counts each example once.
 
 A source is anything with `__len__` and `__getitem__(i) -> {"inputs": [L], "targets": []}` (such
-as `lra.tasks.listops.get_source`); `__getitems__(indices)` is used when present.
+as `lra.data.listops.get_source`); `__getitems__(indices)` is used when present.
 """
 
 from __future__ import annotations
