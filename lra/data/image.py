@@ -33,6 +33,7 @@ import pickle
 
 import ml_collections
 import numpy as np
+from numpy._core.multiarray import _reconstruct
 import tensorflow_datasets as tfds
 import tqdm
 
@@ -51,7 +52,6 @@ CIFAR10 = archives.Archive(
 MEMBER_DIR = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
-META = "batches.meta"
 VALIDATION_FRACTION = 10               # the last 1/10 of the training images (5,000)
 RGB_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], np.float32)  # tf.image.rgb_to_grayscale
 
@@ -60,27 +60,23 @@ RGB_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], np.float32)  # tf.image.rgb_to_
 # Reading the archive.
 
 
-def _numpy_reconstruct():
-  try:
-    from numpy._core.multiarray import _reconstruct  # numpy >= 2
-  except ImportError:  # pragma: no cover - numpy 1.x
-    from numpy.core.multiarray import _reconstruct
-  return _reconstruct
-
-
 class NumpyOnlyUnpickler(pickle.Unpickler):
-  """Unpickles plain containers and numpy arrays; any other global is refused."""
+  """Unpickles plain containers and numpy arrays; any other global is refused.
+
+  The CIFAR-10 pickles name numpy 1's `numpy.core.multiarray._reconstruct`, which numpy 2 keeps
+  as `numpy._core.multiarray._reconstruct`; both names resolve to it.
+  """
 
   _ALLOWED = {
-      ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct,
-      ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct,
-      ("numpy", "ndarray"): lambda: np.ndarray,
-      ("numpy", "dtype"): lambda: np.dtype,
+      ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+      ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+      ("numpy", "ndarray"): np.ndarray,
+      ("numpy", "dtype"): np.dtype,
   }
 
   def find_class(self, module: str, name: str):
     try:
-      return self._ALLOWED[(module, name)]()
+      return self._ALLOWED[(module, name)]
     except KeyError:
       raise pickle.UnpicklingError(
           f"refusing to load the global {module}.{name}: a CIFAR-10 batch holds only numpy "
