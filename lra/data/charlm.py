@@ -26,6 +26,10 @@ that are scored (0 past the end of the split, where inputs and targets are paddi
   S positions (each with at least eval_context + 1 characters of context in the window); the
   last window is padded and masked. Summing -log p over the masked positions and dividing by
   their number gives the exact bits per character of the split (divided by ln 2).
+- with `data.streams` = R > 0, the training windows in the order of R contiguous streams,
+  unshuffled (`streams`: Transformer-XL's batches, for a memory carried across steps); with
+  `data.eval_streams` = R > 0, each evaluation split as at most R contiguous rows (`eval_streams`),
+  read by the model in segments with its memory carried across.
 
 Fallback corpus: with `data.fallback` (the default only for the CPU configs) and no archive, the
 same builder, windows and evaluation run on real English text that every Python installation
@@ -340,11 +344,50 @@ def eval_windows(stream: np.ndarray, length: int, context: int) -> Windows:
   return Windows(stream, np.arange(count) * stride, length, first)
 
 
+def stream_rows(size: int, rows: int) -> tuple[int, int]:
+  """(rows, row length) of a split of `size` characters read as at most `rows` contiguous
+  streams: the `size - 1` targets (every character after the first) in rows of
+  ceil((size - 1) / rows) characters, the last row shorter, no row empty."""
+  targets = max(int(size) - 1, 1)
+  length = -(-targets // int(rows))
+  return -(-targets // length), length
+
+
+def streams(windows: Windows, rows: int) -> Windows:
+  """The training windows in the order of `rows` contiguous streams, unshuffled: batch t row r
+  is window r * n + t of the n = len // rows windows of stream r (Transformer-XL's batches, for
+  a memory carried across steps); the remainder of the split is left out."""
+  n = len(windows) // rows
+  if n < 1:
+    raise ValueError(f"{len(windows)} training windows cannot make {rows} streams.")
+  order = (np.arange(rows)[None, :] * n + np.arange(n)[:, None]).reshape(-1)   # [t, r]
+  out = Windows(windows.stream, windows.starts[order], windows.length,
+                windows.first_scored[order])
+  out.shuffle = False
+  return out
+
+
+def eval_streams(stream: np.ndarray, rows: int) -> Windows:
+  """The evaluation split as contiguous rows (Transformer-XL's evaluation): row r reads
+  characters [r n, (r + 1) n] (inputs and the targets one ahead) and scores them all, so every
+  character after the first is scored exactly once; the model reads a row in segments with its
+  memory carried across (lra/tasks/language_model.py)."""
+  if stream.size < 2:
+    raise ValueError("a split needs at least 2 characters to evaluate on.")
+  count, length = stream_rows(stream.size, rows)
+  return Windows(stream, np.arange(count) * length, length, np.zeros(count, np.int64))
+
+
 def get_source(corpus: Corpus, data_cfg: ml_collections.ConfigDict, split: str) -> Windows:
-  """Training windows ("train") or evaluation windows ("validation", "test") of the split."""
+  """Training windows ("train") or evaluation windows ("validation", "test") of the split; with
+  `data.streams` > 0 the training windows are `streams`, with `data.eval_streams` > 0 the
+  evaluation splits are `eval_streams`."""
   builders.check_split(corpus.name, split)
   length, context = eval_geometry(data_cfg)
   stream = read_stream(build(corpus, data_cfg), split)
   if split == "train":
-    return train_windows(stream, int(data_cfg.max_length))
-  return eval_windows(stream, length, context)
+    windows = train_windows(stream, int(data_cfg.max_length))
+    rows = int(data_cfg.get("streams", 0) or 0)
+    return streams(windows, rows) if rows else windows
+  rows = int(data_cfg.get("eval_streams", 0) or 0)
+  return eval_streams(stream, rows) if rows else eval_windows(stream, length, context)

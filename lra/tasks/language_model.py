@@ -19,17 +19,9 @@ from flax import nnx
 
 import models
 from attention import kinds as attention_kinds
+from lra.data.charlm import stream_rows
 from lra.tasks.base import Task, eval_weights, weighted_sums
 from models import memory as memory_lib
-
-
-def stream_rows(size: int, rows: int) -> tuple[int, int]:
-  """(rows, row length) of a split of `size` characters read as at most `rows` contiguous
-  streams: the `size - 1` targets (every character after the first) in rows of
-  ceil((size - 1) / rows) characters, the last row shorter, no row empty."""
-  targets = max(int(size) - 1, 1)
-  length = -(-targets // int(rows))
-  return -(-targets // length), length
 
 
 @dataclasses.dataclass(frozen=True)
