@@ -1,6 +1,6 @@
 """Tests for LED (models/seq2seq.py), its decoding (models/decoding.py), the seq2seq family
-(lra/tasks/seq2seq.py) and the sort-marked task (lra/data/marked_sort.py, lra/tasks/sort_marked.py,
-configs/sort_marked.py).
+(lra/tasks/seq2seq.py) and the sort-marked task (lra/data/marked_sort.py, lra/data/sort_marked.py,
+lra/tasks/sort_marked.py, configs/sort_marked.py).
 
 The greedy checks run on a tiny LED trained for a few seconds on tiny sort-marked examples (an
 untrained one writes the same token everywhere, which would make "cached equals uncached" easy
