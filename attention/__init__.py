@@ -3,7 +3,7 @@
 Every kind is one record in `attention.kinds` (its function, mask builders, causal support,
 shared q/k, per-layer extras, config defaults); `kinds.get(name)` is the one check of a kind
 name. This package exports each kind's function under its own name (`attention.band_attention`),
-`REGISTRY` (kind name -> function, derived from the records) and `get(name)` (the function of a
+`REGISTRY` (kind name -> function, derived from the records on each use) and `get(name)` (the function of a
 kind; an unknown name raises and lists the valid ones). Dense reference masks for every pattern
 are in `attention.masks`.
 
@@ -24,30 +24,36 @@ _OTHER_EXPORTS = {"favor_features": "favor"}
 
 
 def _exports() -> dict[str, str]:
-  """Exported function name -> submodule of this package, from the records and the extras."""
-  out = {k.function: k.module for k in kinds.KINDS.values()}
+  """Exported function name -> submodule of this package, from the records of the package's
+  own kinds (a kind registered from elsewhere names a full module path) and the extras."""
+  out = {k.function: k.module for k in kinds.KINDS.values() if "." not in k.module}
   out.update(_OTHER_EXPORTS)
   return out
 
 
 def _registry() -> dict[str, Callable]:
-  """`REGISTRY`, built once on first use (importing every primitive) and kept mutable."""
-  registry = globals().get("REGISTRY")
-  if registry is None:
-    registry = {name: __getattr__(k.function) for name, k in kinds.KINDS.items()}
-    globals()["REGISTRY"] = registry
+  """`REGISTRY`, kept mutable (a benchmark may wrap a kind's function in it) and completed from
+  the records on each use, so kinds registered later (`kinds.register`) are in it too."""
+  registry = globals().setdefault("_REGISTRY", {})
+  for name in kinds.names():
+    if name not in registry:
+      kind = kinds.KINDS[name]
+      registry[name] = getattr(importlib.import_module(kind.module_path), kind.function)
+  for name in set(registry) - set(kinds.KINDS):   # unregistered since
+    del registry[name]
   return registry
 
 
 def get(name: str) -> Callable:
-  """Returns the attention function registered under `name` (validated by `kinds.get`)."""
-  kinds.get(name)  # raises with the valid names when unknown
+  """Returns the attention function of kind `name` (validated by `kinds.get`: an unknown name
+  raises and lists the valid ones)."""
+  kinds.get(name)
   return _registry()[name]
 
 
 def __getattr__(name: str) -> Any:
   """Imports an exported function, `REGISTRY` or a submodule on first use."""
-  if name == "REGISTRY":
+  if name == "REGISTRY":   # derived from the records, registered kinds included
     return _registry()
   exports = _exports()
   if name in exports:
