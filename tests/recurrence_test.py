@@ -218,9 +218,9 @@ def test_memory_attention_positions_and_clamp_by_definition(clamp):
 
 @pytest.mark.parametrize("size,rows", [(50, 3), (50, 7), (9, 16), (2, 4)])
 def test_stream_evaluation_scores_every_character_once(size, rows):
-  from lra.tasks import charlm as charlm_tasks
+  from lra.data import charlm as charlm_data
   stream = (np.arange(size) % 10).astype(np.uint8)
-  source = charlm_tasks.eval_streams(stream, rows)
+  source = charlm_data.eval_streams(stream, rows)
   assert len(source) <= rows
   scored = []
   for i in range(len(source)):
@@ -262,10 +262,9 @@ def _train_config(tmp_path, **overrides):
 
 
 def test_streams_are_contiguous_rows():
-  from lra.tasks import charlm as charlm_tasks
   from lra.data import charlm as charlm_data
   w = charlm_data.train_windows(np.arange(200, dtype=np.uint8), 10)
-  s = charlm_tasks.streams(w, 3)
+  s = charlm_data.streams(w, 3)
   assert s.shuffle is False and len(s) == 3 * (len(w) // 3)
   starts = s.starts.reshape(-1, 3)                                         # [t, r]
   assert (np.diff(starts, axis=0) == 10).all()                             # each row continues

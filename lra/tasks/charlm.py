@@ -16,9 +16,6 @@ from __future__ import annotations
 import functools
 
 from lra.data import builders, charlm
-# The Transformer-XL row orders, also named here for tests/recurrence_test.py, which reads them
-# from this module.
-from lra.data.charlm import eval_streams, streams  # noqa: F401
 from lra.tasks.language_model import LanguageModelTask
 
 
