@@ -6,6 +6,10 @@ is on this host and no longer alive (a run killed with SIGKILL, or a machine tha
 taken over; a lock held from another host is taken over only when it is older than
 `stale_after` seconds (its heartbeat, rewritten at every checkpoint, stopped), since its process
 cannot be checked from here.
+
+`process_alive` is the one liveness check of a process on this host, and `live_holder` says
+which live process on this host holds a workdir: `lra sweep` and `lra results` read locks
+through it to tell a running run from an interrupted one.
 """
 
 from __future__ import annotations
@@ -23,14 +27,48 @@ class WorkdirBusy(RuntimeError):
   """Another live run holds the workdir."""
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+  """Whether process `pid` exists on this host and has not exited.
+
+  A PermissionError from the probe means the process exists (it belongs to another user); a
+  zombie (exited, not yet reaped by its parent) counts as exited.
+  """
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
   except PermissionError:
-    return True
+    pass
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      if f.read().rpartition(")")[2].split()[0] == "Z":
+        return False
+  except (OSError, IndexError):
+    pass   # no /proc (not Linux), or the process ended meanwhile: the probe said it existed
   return True
+
+
+def read_holder(workdir: str) -> dict | None:
+  """The record in `<workdir>/lock`: None when there is no lock, {} when it cannot be read (a
+  crash, or a holder still writing it)."""
+  try:
+    with open(os.path.join(workdir, "lock")) as f:
+      holder = json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError):
+    return {}
+  return holder if isinstance(holder, dict) else {}
+
+
+def live_holder(workdir: str) -> int | None:
+  """The pid of the live process on this host that holds `<workdir>/lock`, else None (no lock,
+  an unreadable one, a holder that is gone, or one on another host, which cannot be checked)."""
+  holder = read_holder(workdir)
+  if not holder or "pid" not in holder or holder.get("host") != socket.gethostname():
+    return None
+  pid = int(holder["pid"])
+  return pid if process_alive(pid) else None
 
 
 class WorkdirLock:
@@ -44,19 +82,13 @@ class WorkdirLock:
                    "started": time.strftime("%Y-%m-%d %H:%M:%S")}
 
   def _holder(self) -> dict | None:
-    try:
-      with open(self.path) as f:
-        return json.load(f)
-    except FileNotFoundError:
-      return None
-    except (OSError, ValueError):
-      return {}    # unreadable (a crash while it was written): treat as stale
+    return read_holder(os.path.dirname(self.path))   # {}: unreadable, treated as stale
 
   def _stale(self, holder: dict) -> bool:
     if not holder or "pid" not in holder:
       return True
     if holder.get("host") == self.record["host"]:
-      return int(holder["pid"]) == os.getpid() or not _alive(int(holder["pid"]))
+      return int(holder["pid"]) == os.getpid() or not process_alive(int(holder["pid"]))
     try:
       return time.time() - os.path.getmtime(self.path) > self.stale_after
     except OSError:
