@@ -1,0 +1,83 @@
+"""Stopping cleanly on SIGINT (Ctrl-C) and SIGTERM: the one rule the trainer and `lra sweep` share.
+
+The first SIGINT or SIGTERM (what a TPU VM or a cluster sends before preemption) is a request to
+stop cleanly: `requested` turns true, a message is printed once and `on_request` runs (the
+sweep passes SIGTERM on to its runs there); the program stops where it can save, for the trainer
+after the current step. A second Ctrl-C means stop now: `on_abort` runs, by default raising
+KeyboardInterrupt (the sweep passes SIGINT on to its runs instead). A second SIGTERM changes
+nothing.
+
+  with StopRequest(message) as stop:
+    while not stop.requested:
+      ...
+
+The handlers are installed for the `with` block only, and only from the main thread (the only
+one Python delivers signals to); elsewhere the block runs with the handlers it had. Pure
+standard library: the command line imports it before jax.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Callable
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def signal_label(signum: int) -> str:
+  """`Ctrl-C` for SIGINT, the signal's name (`SIGTERM`) otherwise."""
+  return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def _raise_interrupt(signum: int) -> None:
+  raise KeyboardInterrupt
+
+
+class StopRequest:
+  """The first SIGINT or SIGTERM asks to stop cleanly; a second Ctrl-C stops at once.
+
+  `message`: printed (flushed, to stdout) on the first signal; text, or a function of the
+  signal number. `on_request(signum)`: called on the first signal, after the message.
+  `on_abort(signum)`: called on each later SIGINT; by default it raises KeyboardInterrupt.
+  `count` is the number of signals received, `requested` whether there was one.
+  """
+
+  def __init__(self, message: str | Callable[[int], str] | None = None, *,
+               on_request: Callable[[int], None] | None = None,
+               on_abort: Callable[[int], None] = _raise_interrupt):
+    self.message = message
+    self.on_request = on_request
+    self.on_abort = on_abort
+    self.count = 0
+    self._previous: dict[int, object] = {}
+
+  @property
+  def requested(self) -> bool:
+    return self.count > 0
+
+  def handle(self, signum: int, frame=None) -> None:
+    """The signal handler (callable directly, as a test or a caller forwarding a signal)."""
+    del frame
+    self.count += 1
+    if self.count > 1:
+      if signum == signal.SIGINT:
+        self.on_abort(signum)
+      return
+    text = self.message(signum) if callable(self.message) else self.message
+    if text:
+      print(text, flush=True)
+    if self.on_request is not None:
+      self.on_request(signum)
+
+  def __enter__(self) -> "StopRequest":
+    if threading.current_thread() is threading.main_thread():
+      for sig in SIGNALS:
+        self._previous[sig] = signal.signal(sig, self.handle)
+    return self
+
+  def __exit__(self, *exc) -> bool:
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
+    self._previous.clear()
+    return False
