@@ -15,9 +15,10 @@
 `run` trains and evaluates a task (see launch/train.py); `sweep` runs the points of a config
 file's sweep, each in its own folder, here or through a launcher (launch/sweep.py); `launch tpu`
 runs one `lra run` on every worker of a Cloud TPU pod through gcloud (launch/tpu.py), `launch
-slurm` submits it as a SLURM job with one task per GPU (launch/slurm.py); `results` prints every
-run under a folder as one table (launch/results.py); `list` prints the tasks and the attention
-kinds; `data` shows which datasets are ready and builds one (see launch/data.py).
+slurm` submits it as a SLURM job with one task per GPU (launch/slurm.py), both picked by
+launch/dispatch.py; `results` prints every run under a folder as one table (launch/results.py);
+`list` prints the tasks and the attention kinds; `data` shows which datasets are ready and builds
+one (see launch/data.py).
 Unknown names fail with the list of valid ones; a bad config value or a `--config.x` without
 its value fails in one line (`error: ...`, exit status 2) before anything heavy is imported.
 """
@@ -29,6 +30,7 @@ import sys
 from typing import Sequence
 
 from launch import data as data_launcher
+from launch import dispatch
 from launch import results as results_launcher
 from launch import sweep as sweep_launcher
 from launch import train as train_launcher
@@ -45,8 +47,7 @@ def list_names() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   if argv and argv[0] == "launch":  # its own parser: the command after `--` is left whole
-    from launch import remote
-    return remote.main(argv[1:])
+    return dispatch.main(argv[1:])
   try:
     rest, overrides = train_launcher.split_overrides(argv)
   except ValueError as e:  # a `--config.x` without its value

@@ -9,8 +9,8 @@ Everything after `--` is the `lra run` command each process runs. It is checked 
 (`error: ...`, exit status 2) before gcloud or sbatch is called. Flags the launcher does not know,
 missing required flags and a missing `gcloud`/`sbatch` end it the same way.
 
-launch/tpu.py and launch/slurm.py build on this; launch/sweep.py uses them for `--runner tpu` and
-`--runner slurm`. Docs: docs/launch.md.
+launch/tpu.py and launch/slurm.py build on this; launch/dispatch.py picks one of them for `lra
+launch` and for `lra sweep --runner tpu|slurm`. Docs: docs/launch.md.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import os
 import re
 import shlex
 import shutil
-import sys
 from typing import Sequence
 
 import ml_collections
@@ -142,106 +141,3 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--launch_dir", default=None,
                       help=f"local folder for the launch's files and logs (default "
                            f"{DEFAULT_LAUNCH_DIR}/...)")
-
-
-def main(argv: Sequence[str]) -> int:
-  """`lra launch tpu|slurm ... -- run ...`; returns the exit status."""
-  from launch import slurm, tpu
-  argv = list(argv)
-  kinds = {"tpu": tpu, "slurm": slurm}
-  try:
-    if argv and argv[0] in ("-h", "--help"):
-      print(__doc__.strip().split("\n\n")[0])
-      print("\nSee `lra launch tpu --help`, `lra launch slurm --help` and docs/launch.md.")
-      return 0
-    if not argv:
-      raise LaunchError("lra launch needs a launcher: `lra launch tpu ...` or `lra launch slurm "
-                        "...` (see docs/launch.md).")
-    if argv[0] not in kinds:
-      raise LaunchError(f"unknown launcher {argv[0]!r}; valid launchers: tpu, slurm.")
-    module = kinds[argv[0]]
-    if "--" not in argv and any(a in ("-h", "--help") for a in argv):
-      module.parser().print_help()
-      return 0
-    own, command_argv = split_command(argv[1:])
-    args = module.parser().parse_args(own)
-    command = parse_run(command_argv)
-    return module.run(args, command)
-  except LaunchError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-
-
-def sweep_runner(args: argparse.Namespace):
-  """For `lra sweep`: (the launcher module, its checked options) for --runner tpu|slurm, None
-  for local. Raises LaunchError for a flag of another runner."""
-  from launch import slurm, tpu
-  for runner, module in (("tpu", tpu), ("slurm", slurm)):
-    flags = module.given_options(args)
-    if flags and args.runner != runner:
-      raise LaunchError(f"{', '.join(flags)}: only with --runner {runner}.")
-  if args.runner == "local":
-    flags = [f for f, v in (("--env", args.env), ("--launch_dir", args.launch_dir)) if v]
-    if flags:
-      raise LaunchError(f"{', '.join(flags)}: only with --runner tpu or --runner slurm.")
-    return None
-  if args.parallel != 1:
-    raise LaunchError("--parallel applies to --runner local: TPU points run one after another, "
-                      "SLURM points are separate jobs.")
-  module = tpu if args.runner == "tpu" else slurm
-  return module, module.options(args)
-
-
-def run_sweep(args: argparse.Namespace, points: Sequence, module, opts) -> int:
-  """A sweep's points (launch/sweep.py `Point`s) through the TPU or SLURM launcher: prints
-  their commands (--dry_run), or launches the unfinished ones, the TPU's one after another and
-  SLURM's as one job each. Each point's launch files go to `<launch_dir>/<point name>/`."""
-  from launch import slurm, sweep, tpu
-  name = os.path.basename(args.workdir.rstrip("/"))
-  base = args.launch_dir or os.path.join(DEFAULT_LAUNCH_DIR, f"sweep-{args.task}-{name}")
-  total, todo, skipped, failed, done = len(points), [], 0, [], 0
-  for p in points:
-    command = parse_run(p.argv(args.task, args.workdir))
-    folder = os.path.join(base, p.name)
-    if args.dry_run:
-      print(f"# [{p.index}/{total}] {p.name}: {command.text()}")
-      if module is tpu:
-        print("\n".join(x for x in tpu.plan(opts, command, folder)
-                        if not x.startswith("# ") or x.startswith("# then for each worker")))
-      else:
-        print("# " + slurm.script(opts, command, folder).splitlines()[-1])
-        print(shlex.join(slurm.sbatch_command(os.path.join(folder, "job.sbatch"))))
-    elif sweep.finished(os.path.join(args.workdir, p.name), p):
-      skipped += 1
-      print(f"[{p.index}/{total}] {p.name}: finished earlier (results.json exists); skipped.")
-    else:
-      todo.append((p, command, folder))
-  if args.dry_run:
-    return 0
-  if module is tpu:
-    require_program("gcloud", "install the Google Cloud SDK and run `gcloud auth login`")
-  else:
-    require_program("sbatch", "run this on a SLURM login node")
-  verb = f"launched one after another on TPU {opts.tpu}" if module is tpu else "submitted"
-  print(f"Sweep of {args.task}: {total} runs in {args.workdir}: {skipped} finished earlier "
-        f"(skipped), {len(todo)} to be {verb}.", flush=True)
-  for p, command, folder in todo:
-    if module is tpu:
-      print(f"[{p.index}/{total}] {p.name}: launching `{command.text()}` (launch files in "
-            f"{folder})", flush=True)
-      rc = tpu.launch(opts, command, folder)
-      line = "finished" if rc == 0 else f"FAILED (exit {rc}); launch files in {folder}"
-    else:
-      rc, out = slurm.submit(opts, command, folder)
-      line = f"submitted job {out} (script {folder}/job.sbatch)" if rc == 0 else f"FAILED: {out}"
-    print(f"[{p.index}/{total}] {p.name}: {line}", flush=True)
-    done += rc == 0
-    if rc == 130:
-      print("Sweep interrupted; run the same command again to continue.", flush=True)
-      return 130
-    if rc:
-      failed.append(p.name)
-  what = "finished now" if module is tpu else "submitted"
-  print(f"Summary: {total} runs: {done} {what}, {skipped} finished earlier (skipped), "
-        f"{len(failed)} failed{': ' + ', '.join(failed) if failed else ''}.", flush=True)
-  return 1 if failed else 0

@@ -36,8 +36,8 @@ import sys
 from typing import Any, Iterable, Sequence
 
 import configs
-from launch import sweep as sweep_lib
-from lra import phases
+from launch import run_state
+from lra import phases, storage
 
 # (name, test field, best-validation field, validation-record field, higher is better): a run's
 # metric is the first whose test field its results.json has.
@@ -62,8 +62,8 @@ def find_runs(root: str) -> list[str]:
   runs = []
   for base, dirs, files in os.walk(root):
     dirs[:] = sorted(d for d in dirs if d not in _NOT_RUNS)
-    marks = {"config.json", "results.json", sweep_lib.RECORD} & set(files)
-    if marks or sweep_lib.phase_dirs(base):
+    marks = {"config.json", "results.json", run_state.RECORD} & set(files)
+    if marks or run_state.phase_dirs(base):
       runs.append(base)
       dirs[:] = []      # a run holds no other runs (its phases belong to it)
   return sorted(runs)
@@ -185,11 +185,11 @@ def _best_so_far(part: str, metric) -> tuple[float | None, int | None]:
 
 def read_run(root: str, run_dir: str) -> dict[str, Any]:
   """One row of the table for the run in `run_dir`."""
-  record = sweep_lib.read_json(os.path.join(run_dir, sweep_lib.RECORD)) or {}
-  phase_names = sweep_lib.phase_dirs(run_dir)
+  record = run_state.read_record(run_dir)
+  phase_names = run_state.phase_dirs(run_dir)
   staged = bool(phase_names) or bool(record.get("staged_phases"))
-  any_config = sweep_lib.read_json(os.path.join(run_dir, phase_names[0] if phase_names else "",
-                                       "config.json")) or {}
+  any_config = storage.read_json(os.path.join(run_dir, phase_names[0] if phase_names else "",
+                                              "config.json")) or {}
   task = any_config.get("task") or record.get("task", "")
   config_arg = any_config.get("config_arg") or record.get("config_arg", "")
   try:   # the config the sweep asked for (else the default one), for what has not run yet
@@ -202,8 +202,8 @@ def read_run(root: str, run_dir: str) -> dict[str, Any]:
   count = max(len(schedule), len(phase_names), 1) if staged else 1
   parts = [os.path.join(run_dir, f"phase{k}") for k in range(1, count + 1)] if staged else \
       [run_dir]
-  results = [sweep_lib.read_json(os.path.join(p, "results.json")) for p in parts]
-  cfgs = [sweep_lib.read_json(os.path.join(p, "config.json")) for p in parts]
+  results = [storage.read_json(os.path.join(p, "results.json")) for p in parts]
+  cfgs = [storage.read_json(os.path.join(p, "config.json")) for p in parts]
   current = max([i for i, c in enumerate(cfgs) if c] + [i for i, r in enumerate(results) if r]
                 + [0])
   config = cfgs[current] or {}
@@ -241,7 +241,7 @@ def read_run(root: str, run_dir: str) -> dict[str, Any]:
     row.update(status="finished", test=final.get(metric[1]), total_steps=done_steps,
                wall_seconds=round(sum(float(r.get("wall_seconds_this_run", 0))
                                       for r in results if r), 1))
-  elif sweep_lib.live_pid(run_dir) is not None:
+  elif run_state.live_pid(run_dir) is not None:
     row["status"] = "running"
   elif record and not attempts and not any(cfgs):
     row["status"] = "pending"
@@ -254,7 +254,7 @@ def read_run(root: str, run_dir: str) -> dict[str, Any]:
     failed = [p for p in logs if os.path.exists(p)]
     row["status"] = "failed" if failed else "interrupted"
     if failed:
-      row["reason"] = f"{sweep_lib.last_line(failed[-1])} (see {failed[-1]})"
+      row["reason"] = f"{run_state.last_line(failed[-1])} (see {failed[-1]})"
   return row
 
 

@@ -26,11 +26,11 @@ stops the sweep: the runs save a checkpoint and the same command continues later
 
 `--runner tpu` launches the unfinished points one after another on a TPU pod through
 launch/tpu.py (each a whole `lra launch tpu`, with its retries); `--runner slurm` submits each as
-its own SLURM job through launch/slurm.py. The runner's flags (`--tpu`, `--zone`, `--nodes`,
-`--env`, ...) pass through; each point's launch files go to `<launch_dir>/<name>/`. For these
-runners the folders of the runs are left to `lra run` (no log.txt or sweep.json), and `--dry_run`
-prints each point's `lra run` command as a `#` line and then its gcloud commands or its sbatch
-command.
+its own SLURM job through launch/slurm.py (launch/dispatch.py runs both). The runner's flags
+(`--tpu`, `--zone`, `--nodes`, `--env`, ...) pass through; each point's launch files go to
+`<launch_dir>/<name>/`. For these runners the folders of the runs are left to `lra run` (no
+log.txt or sweep.json), and `--dry_run` prints each point's `lra run` command as a `#` line and
+then its gcloud commands or its sbatch command.
 """
 
 from __future__ import annotations
@@ -50,14 +50,11 @@ import time
 from typing import Any, Callable, Sequence
 
 import configs
-from launch import remote, slurm, tpu
+from launch import dispatch, remote, run_state, slurm, tpu
 from launch import train as train_launcher
-from lra import storage
+from launch.run_state import LOG, RECORD
 from lra import tasks as tasks_lib
 
-RECORD = "sweep.json"   # per run: the command and its attempts
-LOG = "log.txt"         # per run: the output of every attempt, appended
-_PHASE = re.compile(r"phase(\d+)")
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._,=+-]")
 _MAX_NAME = 180
 
@@ -176,87 +173,6 @@ def expand(task: str, sweep: str | None = None, *, arg: str = "",
   return points
 
 
-def finished(run_dir: str, point: Point) -> bool:
-  """Whether the run has its results: `results.json`, or the last phase's for a staged one."""
-  parts = [f"phase{point.staged_phases}"] if point.staged_phases else []
-  return storage.exists(storage.join(run_dir, *parts, "results.json"))
-
-
-def _alive(pid: int, *, command_has: str = "") -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass
-  try:   # a zombie (killed, not yet reaped) has exited
-    with open(f"/proc/{pid}/stat") as f:
-      if f.read().rpartition(")")[2].split()[0] == "Z":
-        return False
-  except (OSError, IndexError):
-    pass
-  if command_has and os.path.exists(f"/proc/{pid}/cmdline"):
-    try:
-      with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return command_has.encode() in f.read()
-    except OSError:
-      return False
-  return True
-
-
-def live_pid(run_dir: str) -> int | None:
-  """A live process on this host running `run_dir`: the holder of its `lock` (or a phase's, see
-  lra/lock.py), or the process of the sweep's unfinished last attempt."""
-  host = socket.gethostname()
-  dirs = [run_dir] + [os.path.join(run_dir, d) for d in phase_dirs(run_dir)]
-  for d in dirs:
-    holder = read_json(os.path.join(d, "lock"))
-    if isinstance(holder, dict) and holder.get("host") == host and "pid" in holder and \
-        _alive(int(holder["pid"])):
-      return int(holder["pid"])
-  attempts = _read_record(run_dir).get("attempts") or [{}]
-  last = attempts[-1]
-  if "pid" in last and "exit_code" not in last and last.get("host") == host and \
-      _alive(int(last["pid"]), command_has="launch.cli"):
-    return int(last["pid"])
-  return None
-
-
-def phase_dirs(path: str) -> list[str]:
-  """The phase folders of a staged run (`phase1`, `phase2`, ...), in order."""
-  try:
-    names = [n for n in os.listdir(path) if _PHASE.fullmatch(n)]
-  except OSError:
-    return []
-  return sorted(names, key=lambda n: int(n[5:]))
-
-
-def last_line(path: str) -> str:
-  """The last non-empty line of a text file ('' when there is none)."""
-  try:
-    with open(path, "rb") as f:
-      f.seek(max(0, os.path.getsize(path) - 8192))
-      text = f.read().decode("utf-8", "replace")
-  except OSError:
-    return ""
-  lines = [x.strip() for x in re.split(r"[\r\n]", text) if x.strip()]
-  return lines[-1] if lines else ""
-
-
-def read_json(path: str) -> Any:
-  """The JSON value in `path`, or None when it is missing or unreadable."""
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
-def _read_record(run_dir: str) -> dict[str, Any]:
-  record = read_json(os.path.join(run_dir, RECORD))
-  return record if isinstance(record, dict) else {}
-
-
 def _write_record(run_dir: str, record: dict[str, Any]) -> None:
   path = os.path.join(run_dir, RECORD)
   with open(path + ".tmp", "w") as f:
@@ -302,7 +218,7 @@ def _new_record(point: Point, task: str, workdir: str, attempts: list[dict[str, 
 def _start(point: Point, task: str, workdir: str, total: int) -> tuple[subprocess.Popen, float]:
   run_dir = os.path.join(workdir, point.name)
   argv = point.argv(task, workdir)
-  record = _read_record(run_dir)
+  record = run_state.read_record(run_dir)
   if record.get("command") and record["command"] != argv:
     _note(run_dir, "the command differs from the previous attempt's; the trainer resumes with "
                    "the new config and keeps the old one as config.previous.json.")
@@ -322,8 +238,8 @@ def _start(point: Point, task: str, workdir: str, total: int) -> tuple[subproces
 
 def _finish(point: Point, workdir: str, rc: int, seconds: float) -> str:
   run_dir = os.path.join(workdir, point.name)
-  line = last_line(os.path.join(run_dir, LOG))
-  record = _read_record(run_dir)
+  line = run_state.last_line(os.path.join(run_dir, LOG))
+  record = run_state.read_record(run_dir)
   if record.get("attempts"):
     record["attempts"][-1].update(exit_code=rc, seconds=round(seconds, 1), last_line=line)
     _write_record(run_dir, record)
@@ -338,20 +254,20 @@ def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int) 
   for p in points:
     run_dir = os.path.join(workdir, p.name)
     os.makedirs(run_dir, exist_ok=True)
-    if finished(run_dir, p):
+    if run_state.finished(run_dir, p.staged_phases):
       _note(run_dir, "finished earlier (results.json exists); skipped.")
       skipped.append(p)
-      earlier = _read_record(run_dir).get("command")
+      earlier = run_state.read_record(run_dir).get("command")
       if earlier and earlier != p.argv(task, workdir):
         print(f"[{p.index}/{total}] {p.name}: finished earlier with another command (see its "
               f"{RECORD}); its results are kept: delete the folder to run it again.",
               flush=True)
-    elif (pid := live_pid(run_dir)) is not None:
+    elif (pid := run_state.live_pid(run_dir)) is not None:
       _note(run_dir, f"running in process {pid}; skipped.")
       busy.append((p, pid))
     else:
       todo.append(p)
-      if not _read_record(run_dir):   # listed by `lra results` as pending until it starts
+      if not run_state.read_record(run_dir):   # `lra results` lists it as pending until it starts
         _write_record(run_dir, _new_record(p, task, workdir, []))
   runs = f"{total} run{'' if total == 1 else 's'}"
   print(f"Sweep of {task}: {runs} in {workdir}: {len(skipped)} finished earlier "
@@ -433,17 +349,18 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     print("error: --parallel must be at least 1.", file=sys.stderr)
     return 2
   try:
-    runner = remote.sweep_runner(args)
+    runner = dispatch.sweep_runner(args)
     points = expand(args.task, args.sweep, arg=args.arg, overrides=overrides)
     if runner is not None:
-      return remote.run_sweep(args, points, *runner)
+      return dispatch.run_sweep(args, points, *runner)
   except ValueError as e:   # remote.LaunchError too
     print(f"error: {e}", file=sys.stderr)
     return 2
   if args.dry_run:
     for p in points:
       print("lra " + shlex.join(p.argv(args.task, args.workdir)))
-    done = sum(finished(os.path.join(args.workdir, p.name), p) for p in points)
+    done = sum(run_state.finished(os.path.join(args.workdir, p.name), p.staged_phases)
+               for p in points)
     if done:
       print(f"({done} of {len(points)} have finished in {args.workdir}; a sweep skips them.)",
             file=sys.stderr)

@@ -1,5 +1,6 @@
 """Tests for launch/: the `lra` command's names, overrides and errors (no training here)."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -129,3 +130,43 @@ def test_a_bad_dry_run_value_is_one_line_before_jax():
   assert proc.returncode == 2 and proc.stdout == ""
   assert proc.stderr == ("error: --dry_run takes no value or steps:N (N timed steps), got "
                          "'fast'.\n")
+
+
+def _launch_imports() -> dict[str, set[str]]:
+  """launch/'s modules -> the launch modules each imports, at top level or in a function."""
+  folder = os.path.join(REPO, "launch")
+  names = {f[:-3] for f in os.listdir(folder) if f.endswith(".py")}
+  graph = {}
+  for name in names:
+    with open(os.path.join(folder, f"{name}.py")) as f:
+      tree = ast.parse(f.read())
+    deps = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("launch.")}
+      elif isinstance(node, ast.ImportFrom) and node.module == "launch":
+        deps |= {a.name for a in node.names}
+      elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("launch."):
+        deps.add(node.module.split(".")[1])
+    graph[name] = (deps & names) - {name}
+  return graph
+
+
+def test_no_launch_module_imports_one_that_imports_it_back():
+  graph = _launch_imports()
+  assert graph["cli"] >= {"dispatch", "sweep", "results"} and "dispatch" not in graph["remote"]
+  for start in graph:   # everything reachable from `start` must not lead back to it
+    seen, todo = set(), list(graph[start])
+    while todo:
+      name = todo.pop()
+      assert name != start, f"launch/{start}.py imports a module that imports it back"
+      if name not in seen:
+        seen.add(name)
+        todo += graph[name]
+
+
+def test_lra_launch_help_and_unknown_launcher(capsys):
+  assert cli.main(["launch", "--help"]) == 0
+  assert capsys.readouterr().out.startswith("`lra launch tpu|slurm -- run ...`: what the TPU")
+  assert cli.main(["launch", "gpu", "--", "run", "listops"]) == 2
+  assert capsys.readouterr().err == "error: unknown launcher 'gpu'; valid launchers: tpu, slurm.\n"
