@@ -53,6 +53,7 @@ import configs
 from launch import dispatch, remote, run_state, slurm, tpu
 from launch import train as train_launcher
 from launch.run_state import LOG, RECORD
+from lra import signals
 from lra import tasks as tasks_lib
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._,=+-]")
@@ -185,26 +186,14 @@ def _note(run_dir: str, text: str) -> None:
     f.write(f"[sweep {time.strftime('%Y-%m-%d %H:%M:%S')}] {text}\n")
 
 
-class _Stop:
-  """The first SIGINT/SIGTERM stops starting runs and sends SIGTERM to the running ones (they
-  save a checkpoint); a second Ctrl-C passes SIGINT on (they stop without saving)."""
-
-  def __init__(self):
-    self.count = 0
-    self.children: list[subprocess.Popen] = []
-
-  def __call__(self, signum, frame) -> None:
-    self.count += 1
-    forward = signal.SIGTERM if self.count == 1 or signum != signal.SIGINT else signal.SIGINT
-    if self.count == 1:
-      print("Sweep interrupted: stopping the running runs (each saves a checkpoint); rerun the "
-            "same command to continue.", flush=True)
-    for child in self.children:
-      if child.poll() is None:
-        try:
-          child.send_signal(forward)
-        except ProcessLookupError:
-          pass
+def _send(children: Sequence[subprocess.Popen], signum: int) -> None:
+  """Sends `signum` to the children still running."""
+  for child in children:
+    if child.poll() is None:
+      try:
+        child.send_signal(signum)
+      except ProcessLookupError:
+        pass
 
 
 def _new_record(point: Point, task: str, workdir: str, attempts: list[dict[str, Any]]
@@ -273,18 +262,20 @@ def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int) 
   print(f"Sweep of {task}: {runs} in {workdir}: {len(skipped)} finished earlier "
         f"(skipped), {len(busy)} running elsewhere, {len(todo)} to run, {parallel} at a time.",
         flush=True)
-  stop = _Stop()
-  previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
   done, failed, stopped = [], [], []
   running: dict[subprocess.Popen, tuple[Point, float]] = {}
-  try:
+  # The first SIGINT/SIGTERM stops starting runs and sends SIGTERM to the running ones (they
+  # save a checkpoint); a second Ctrl-C passes SIGINT on (they stop without saving).
+  with signals.StopRequest(
+      "Sweep interrupted: stopping the running runs (each saves a checkpoint); rerun the same "
+      "command to continue.", on_request=lambda _: _send(list(running), signal.SIGTERM),
+      on_abort=lambda _: _send(list(running), signal.SIGINT)) as stop:
     pending = list(todo)
     while pending or running:
-      while pending and len(running) < parallel and not stop.count:
+      while pending and len(running) < parallel and not stop.requested:
         child, t0 = _start(p := pending.pop(0), task, workdir, total)
         running[child] = (p, t0)
-        stop.children.append(child)
-      if stop.count:
+      if stop.requested:
         stopped += pending
         pending = []
       for child in [c for c in running if c.poll() is not None]:
@@ -302,9 +293,6 @@ def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int) 
           failed.append((p, rc, line))
           print(f"[{p.index}/{total}] {p.name}: FAILED (exit {rc}): {line}", flush=True)
       time.sleep(0.1)
-  finally:
-    for s, handler in previous.items():
-      signal.signal(s, handler)
   print(f"Summary: {runs}: {len(done)} finished now, {len(skipped)} finished earlier "
         f"(skipped), {len(busy)} running elsewhere, {len(stopped)} stopped, "
         f"{len(failed)} failed.", flush=True)
@@ -319,7 +307,7 @@ def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int) 
           "continue.", flush=True)
   if failed:
     return 1
-  return 130 if stopped or stop.count else 0
+  return 130 if stopped or stop.requested else 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
