@@ -37,6 +37,7 @@ from typing import Any, Iterable, Sequence
 
 import configs
 from launch import run_state
+from launch.values import config_arg_fields, flatten, value_text
 from lra import phases, storage
 
 # (name, test field, best-validation field, validation-record field, higher is better): a run's
@@ -69,26 +70,6 @@ def find_runs(root: str) -> list[str]:
   return sorted(runs)
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-  out: dict[str, Any] = {}
-  for k, v in d.items():
-    if isinstance(v, dict) and v:
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
-def _text(value: Any) -> str:
-  if isinstance(value, bool):
-    return "true" if value else "false"
-  if isinstance(value, str):
-    return value
-  if isinstance(value, (list, tuple)):
-    return "(" + ",".join(_text(v) for v in value) + ("," if len(value) == 1 else "") + ")"
-  return json.dumps(value, separators=(",", ":"))
-
-
 _DEFAULTS: dict[tuple[str, str, int], dict[str, Any] | None] = {}
 
 
@@ -102,7 +83,7 @@ def default_config(task: str, config_arg: str, phase: int = 0,
       c = configs.build_config(task, arg=config_arg)
       if staged:
         c = phases.phase_config(c, phase)
-      _DEFAULTS[key] = _flat(json.loads(c.to_json_best_effort()))
+      _DEFAULTS[key] = flatten(json.loads(c.to_json_best_effort()))
     except (ValueError, KeyError, IndexError):
       _DEFAULTS[key] = None
   return _DEFAULTS[key]
@@ -113,7 +94,7 @@ def overrides_of(config: dict[str, Any], phase: int = 0, staged: bool = False) -
   base = default_config(config.get("task", ""), config.get("config_arg", ""), phase, staged)
   if base is None:
     return ["(default config unavailable)"]
-  mine = _flat(config)
+  mine = flatten(config)
   out = []
   for key in sorted(set(mine) | set(base)):
     if key in NOT_OVERRIDES or any(key.startswith(k + ".") for k in NOT_OVERRIDES):
@@ -121,7 +102,7 @@ def overrides_of(config: dict[str, Any], phase: int = 0, staged: bool = False) -
     if key not in mine:
       out.append(f"{key}=(unset)")
     elif key not in base or mine[key] != base[key]:
-      out.append(f"{key}={_text(mine[key])}")
+      out.append(f"{key}={value_text(mine[key])}")
   return out
 
 
@@ -212,7 +193,10 @@ def read_run(root: str, run_dir: str) -> dict[str, Any]:
                         .to_json_best_effort())
   final = results[-1]
   metric = _metric_of(final or next((r for r in reversed(results) if r), None))
-  arg = dict(p.split("=", 1) for p in config_arg.split(",") if "=" in p)
+  try:
+    arg = config_arg_fields(config_arg)
+  except ValueError:   # an argument the task configs no longer take
+    arg = config_arg_fields("")
   overrides = overrides_of(config, current, staged) if config else []
   done_steps = sum(int(r.get("steps", 0)) for r in results if r)
   if results[current] is None:
@@ -222,8 +206,8 @@ def read_run(root: str, run_dir: str) -> dict[str, Any]:
   kind = (config.get("model") or {}).get("attention", {}).get("kind")
   row = {"run": os.path.relpath(run_dir, root) if run_dir != root else
          os.path.basename(os.path.abspath(root)),
-         "task": task, "attention": kind or arg.get("attention", ""),
-         "size": arg.get("size", ""), "overrides": " ".join(overrides),
+         "task": task, "attention": kind or arg.attention,
+         "size": arg.size, "overrides": " ".join(overrides),
          "seed": config.get("seed"), "steps": done_steps, "total_steps": sum(totals) or None,
          "metric": metric[0], "best_validation": None, "best_step": None, "test": None,
          "majority_class_rate": None,

@@ -53,6 +53,7 @@ import configs
 from launch import dispatch, remote, run_state, slurm, tpu
 from launch import train as train_launcher
 from launch.run_state import LOG, RECORD
+from launch.values import flatten, value_text
 from lra import signals
 from lra import tasks as tasks_lib
 
@@ -73,25 +74,6 @@ class Point:
     """The `lra run` arguments of this point (without the `lra` itself)."""
     return ["run", task, "--arg", self.config_arg, "--workdir", os.path.join(workdir, self.name),
             *(f"--config.{k}={v}" for k, v in self.overrides)]
-
-
-def value_text(value: Any) -> str:
-  """The command-line text of a Python value, which `configs.common.convert` reads back."""
-  if isinstance(value, bool):
-    return "true" if value else "false"
-  if isinstance(value, str):
-    return value
-  if isinstance(value, (list, tuple)):
-    return repr(tuple(value))
-  return repr(value)
-
-
-def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
-  if isinstance(value, dict):
-    for k, v in value.items():
-      _flatten(f"{prefix}.{k}", v, out)
-  else:
-    out.append((prefix, value))
 
 
 def _merge_arg(config_arg: str, extra: str) -> str:
@@ -150,11 +132,8 @@ def expand(task: str, sweep: str | None = None, *, arg: str = "",
   for i, call in enumerate(calls, 1):
     call = dict(call)
     config_arg = _merge_arg(str(call.pop("config_arg", "")), arg)
-    flat: list[tuple[str, Any]] = []
-    for key, value in call.items():
-      _flatten(key, value, flat)
     given = {k for k, _ in overrides}   # the command line's win over the point's own
-    own = [(k, value_text(v)) for k, v in flat if k not in given]
+    own = [(k, value_text(v)) for k, v in flatten(call).items() if k not in given]
     name = run_name(config_arg, own)
     where = f"sweep point {i} ({name})"
     try:

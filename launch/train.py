@@ -27,11 +27,12 @@ import errno
 import os
 import sys
 import traceback
-from typing import Any, Sequence
+from typing import Sequence
 
 import ml_collections
 
 import configs
+from launch.values import config_arg_fields, flatten
 from lra import schema
 from lra import phases  # pure Python: the trainer is imported by its functions only
 from lra import storage
@@ -39,10 +40,10 @@ from lra import tasks as tasks_lib
 
 
 def default_workdir(task: str, config: ml_collections.ConfigDict) -> str:
-  arg = dict(p.split("=", 1) for p in config.config_arg.split(","))
+  arg = config_arg_fields(config.config_arg)
   spt = (f"-spt-{config.pretrain.objective}" if config.get("protocol", "scratch") == "spt"
          else "")   # a self-pretrained run never shares a scratch run's folder
-  return os.path.join("workdirs", f"{task}-{arg['attention']}-{arg['size']}{spt}")
+  return os.path.join("workdirs", f"{task}-{arg.attention}-{arg.size}{spt}")
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -97,21 +98,12 @@ def dry_run_steps(value: str | None) -> int | None:
   return int(count)
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-  if isinstance(tree, dict):
-    out = {}
-    for key, value in tree.items():
-      out.update(_flatten(value, f"{prefix}{key}."))
-    return out
-  return {prefix[:-1]: tree}
-
-
 def config_changes(config: ml_collections.ConfigDict) -> tuple[str, list[str]]:
   """(the default it is compared with, `field: default -> value` for every field that differs
   from the task's config of the same attention kind and size without overrides)."""
-  arg = dict(p.split("=", 1) for p in config.config_arg.split(","))
-  default = configs.build_config(config.task, attention=arg["attention"], size=arg["size"])
-  before, after = _flatten(default.to_dict()), _flatten(config.to_dict())
+  arg = config_arg_fields(config.config_arg)
+  default = configs.build_config(config.task, attention=arg.attention, size=arg.size)
+  before, after = flatten(default.to_dict()), flatten(config.to_dict())
   missing = "(absent)"
   lines = [f"  {key}: {before.get(key, missing)!r} -> {after.get(key, missing)!r}"
            for key in sorted(set(before) | set(after))

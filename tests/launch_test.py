@@ -9,7 +9,8 @@ import pytest
 
 import attention
 import configs
-from launch import cli, train as launcher
+from configs import common
+from launch import cli, train as launcher, values
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -163,6 +164,25 @@ def test_no_launch_module_imports_one_that_imports_it_back():
       if name not in seen:
         seen.add(name)
         todo += graph[name]
+
+
+def test_value_text_reads_back_through_the_override_converter():
+  for value in (3, 0.25, 1e-9, True, False, "band", None, (1, 2), [1, 2], ("a",), (),
+                ((1, 2), (3,)), ({"kind": "band", "window": 8},), (0.5, True, None)):
+    text = values.value_text(value)
+    assert " " not in text or isinstance(value, str)
+    current = tuple(value) if isinstance(value, list) else value
+    assert common.convert(text, current) == current, (value, text)
+  assert values.value_text((1, 2)) == "(1,2)" and values.value_text(True) == "true"
+  assert values.flatten({"a": {"b": 1, "c": {}}, "d": (1,)}) == {"a.b": 1, "a.c": {}, "d": (1,)}
+
+
+def test_config_arg_fields_parse_as_the_task_configs_do():
+  a = values.config_arg_fields("size=small,attention=band")
+  assert (a.attention, a.size, a.window) == ("band", "small", 0)
+  assert values.config_arg_fields("attention=band,size=base,window=8").window == 8
+  with pytest.raises(ValueError, match="unknown config argument 'colour'"):
+    values.config_arg_fields("attention=band,colour=red")
 
 
 def test_lra_launch_help_and_unknown_launcher(capsys):

@@ -1,0 +1,57 @@
+"""Config values on the command line: dotted field names, values as `--config.x=TEXT` text, and
+the `get_config` argument (`attention=band,size=small,window=8`) of a resolved config.
+
+`value_text` writes what `configs.common.convert` (the converter of `--config.x=y` overrides and
+of `get_config` arguments) reads back to the same value, so a sweep point's overrides, `lra
+results`' overrides column and the config's own text agree. Pure Python: no jax.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import ml_collections
+
+from configs import common
+
+# The `get_config` argument every task config takes (configs/common.py `task_arg`), with the
+# value of a missing one; the types are those `parse_arg` converts to.
+CONFIG_ARGS = {"attention": "", "size": "", "window": 0}
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """`{"a": {"b": 1}}` -> `{"a.b": 1}`, in order; an empty mapping is a value of its own."""
+  out: dict[str, Any] = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping) and value:
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def _literal(value: Any) -> str:
+  """A Python literal of `value` without spaces (tuples and lists as tuples)."""
+  if isinstance(value, (list, tuple)):
+    return "(" + ",".join(_literal(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+  if isinstance(value, Mapping):
+    return "{" + ",".join(f"{_literal(k)}:{_literal(v)}" for k, v in value.items()) + "}"
+  return repr(value)
+
+
+def value_text(value: Any) -> str:
+  """The command-line text of a config value, which `configs.common.convert` reads back:
+  booleans as true/false, strings as they are, tuples and lists as a Python tuple without
+  spaces (`(1,2)`, `('a',)`), anything else as its Python literal."""
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, str):
+    return value
+  return _literal(value)
+
+
+def config_arg_fields(config_arg: str) -> ml_collections.ConfigDict:
+  """The attention kind, size and window of a `get_config` argument, parsed as the task configs
+  parse it (`configs.common.parse_arg`); a missing one is "" (0 for the window). Raises
+  ValueError for an argument no task config takes or a value of the wrong type."""
+  return common.parse_arg(config_arg, **CONFIG_ARGS)
