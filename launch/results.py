@@ -9,17 +9,20 @@ its `results.json`. Each row: the run's path under DIR, task, attention kind, si
 or a staged run's current phase against that phase's default, leaving out the seed and where
 files live), seed, steps done and in all, the best validation metric and its step, the test
 metric (bits per character when the run has them, else accuracy), the parameter count (the
-model of its `config.json` built abstractly with `nnx.eval_shape`: jax is imported for this),
-the wall time of the invocations that finished each part, and the status: `finished`;
-`pending` (a sweep point not started yet); `running` (a live process on this host holds the
-run's lock, or the sweep started it and it is still alive); `failed` (its last sweep attempt
-exited with an error or, without a sweep record, an `error.log`), with the reason;
-`interrupted` otherwise.
+`param_count` the trainer writes into `results.json`, a staged run's from its last phase; blank
+while there is none), the wall time of the invocations that finished each part, and the
+status: `finished`; `pending` (a sweep point not started yet); `running` (a live process on
+this host holds the run's lock, or the sweep started it and it is still alive); `failed` (its
+last sweep attempt exited with an error or, without a sweep record, an `error.log`), with the
+reason; `interrupted` otherwise.
 
 `--lra` prints Table 1 of the LRA paper from the finished runs: the attention kinds as rows, the
 six tasks as columns, test accuracy in percent as mean ± std over seeds, FAIL when the mean is
 within one point of the majority-class rate, and the average over the tasks but Path-X; settings
 shared by every run are printed once above it, and a second table gives the parameter counts.
+
+Everything comes from the runs' files and their configs: no model is built and jax is never
+imported, so the table is instant.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import argparse
 import csv
 import io
 import json
-import math
 import os
 import re
 import statistics
@@ -113,32 +115,6 @@ def _finished_steps(directory: str) -> list[int]:
     return []
 
 
-_ABSTRACT: dict[str, int | None] = {}
-
-
-def abstract_params(config: dict[str, Any]) -> int | None:
-  """Parameter count of the model of `config` (a config.json), built with `nnx.eval_shape`."""
-  data = config.get("data") or {}
-  key = json.dumps([config.get("task"), config.get("model"), data.get("max_length"),
-                    data.get("eval_length")], sort_keys=True)   # what the shapes depend on
-  if key not in _ABSTRACT:
-    try:
-      import jax
-      import ml_collections
-      from flax import nnx
-      from lra import tasks as tasks_lib
-      from lra import train
-      c = ml_collections.ConfigDict(config)
-      task = tasks_lib.get_task(c.task)
-      cfg = train.model_config(c, task)
-      params = nnx.eval_shape(lambda: nnx.split(task.build_model(cfg, nnx.Rngs(0)),
-                                                nnx.Param, ...)[1])
-      _ABSTRACT[key] = int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
-    except Exception:  # noqa: BLE001 - a config this code can no longer build: no count
-      _ABSTRACT[key] = None
-  return _ABSTRACT[key]
-
-
 def _metric_of(results: dict[str, Any] | None):
   for m in METRICS:
     if results is not None and results.get(m[1]) is not None:
@@ -210,13 +186,13 @@ def read_run(root: str, run_dir: str) -> dict[str, Any]:
          "size": arg.size, "overrides": " ".join(overrides),
          "seed": config.get("seed"), "steps": done_steps, "total_steps": sum(totals) or None,
          "metric": metric[0], "best_validation": None, "best_step": None, "test": None,
-         "majority_class_rate": None,
-         "params": abstract_params(config) if config else None,
+         "majority_class_rate": None, "params": None,
          "wall_seconds": None, "status": "", "reason": "", "_overrides": overrides}
   last = final or results[current]
   if last:
     row.update(best_validation=last.get(metric[2]), best_step=last.get("best_validation_step"),
-               majority_class_rate=last.get("majority_class_rate"))
+               majority_class_rate=last.get("majority_class_rate"),
+               params=last.get("param_count"))
   else:
     row["best_validation"], row["best_step"] = _best_so_far(parts[current], metric)
   attempts = record.get("attempts") or []

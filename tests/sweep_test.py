@@ -18,6 +18,7 @@ import pytest
 import configs
 from configs import listops
 from launch import cli, results, sweep
+from lra import phases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config.data.num_train=200", "--config.data.num_val=40", "--config.data.num_test=40",
@@ -157,9 +158,11 @@ def test_results_csv_and_json_parse_back(swept, env):
     assert r["status"] == "finished" and r["metric"] == "accuracy" and r["steps"] == 20
     assert 0 <= r["test"] <= 1 and 0 < r["majority_class_rate"] < 1 and r["wall_seconds"] > 0
     assert r["best_step"] in (10, 20) and r["seed"] in (0, 1)
-    assert r["params"] == 77_258   # 2 layers of width 64 (listops small)
+    # the trainer's count in results.json (None from a trainer that does not write it)
+    assert r["params"] == json.load(open(results_json(workdir, r["run"]))).get("param_count")
   by_run = {r["run"]: r for r in as_csv}
-  assert all(int(by_run[r["run"]]["params"]) == r["params"] for r in as_json)
+  assert all(by_run[r["run"]]["params"] == ("" if r["params"] is None else str(r["params"]))
+             for r in as_json)
 
 
 def test_results_lra_layout(swept, env):
@@ -289,7 +292,51 @@ def test_results_status_of_unfinished_runs(tmp_path):
   assert rows["interrupted"]["best_validation"] == 0.3 and rows["interrupted"]["best_step"] == 10
   r = rows["interrupted"]
   assert r["overrides"] == "model.num_layers=3" and r["seed"] == 4 and r["test"] is None
-  assert r["params"] == results.abstract_params(json.loads(config.to_json_best_effort()))
+  assert r["params"] is None   # no results.json yet
+
+
+def write_runs(root) -> None:
+  """A finished run with a parameter count, one without, and a staged run of two phases."""
+  plain = configs.build_config("listops", attention="band", size="small",
+                               overrides=[("model.attention.dilation", "(1, 2)")])
+  done = {"steps": 20, "test_accuracy": 0.25, "best_validation_accuracy": 0.3,
+          "best_validation_step": 10, "wall_seconds_this_run": 3.0}
+  for name, extra in (("counted", {"param_count": 77_258}), ("uncounted", {})):
+    (root / name).mkdir()
+    (root / name / "config.json").write_text(plain.to_json_best_effort(indent=2))
+    (root / name / "results.json").write_text(json.dumps({**done, **extra}))
+  staged = configs.build_config("enwik8", size="small")
+  for k, count in ((1, 1_000), (2, 2_000)):
+    part = root / "staged" / f"phase{k}"
+    part.mkdir(parents=True)
+    (part / "config.json").write_text(
+        phases.phase_config(staged, k - 1).to_json_best_effort(indent=2))
+    (part / "results.json").write_text(json.dumps(
+        {"steps": 10, "test_bpc": 3.5, "best_validation_bpc": 3.6, "best_validation_step": 10,
+         "wall_seconds_this_run": 1.0, "param_count": count}))
+
+
+def test_results_params_are_the_param_count_of_results_json(tmp_path, capsys):
+  write_runs(tmp_path)
+  rows = {r["run"]: r for r in results.collect(str(tmp_path))}
+  assert {k: r["params"] for k, r in rows.items()} == {
+      "counted": 77_258, "uncounted": None, "staged": 2_000}   # a staged run's last phase's
+  assert rows["counted"]["overrides"] == "model.attention.dilation=(1,2)"
+  assert cli.main(["results", str(tmp_path)]) == 0
+  table = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+           for line in capsys.readouterr().out.splitlines()[2:]}
+  assert [table[name][9] for name in ("counted", "staged", "uncounted")] == ["77,258", "2,000",
+                                                                          "-"]
+
+
+def test_results_never_import_jax(tmp_path):
+  write_runs(tmp_path)
+  code = ("import json, sys; from launch import cli; rc = cli.main(sys.argv[1:]); "
+          "assert 'jax' not in sys.modules, 'jax was imported'; sys.exit(rc)")
+  proc = subprocess.run([sys.executable, "-c", code, "results", str(tmp_path), "--format",
+                         "json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  assert [r["params"] for r in json.loads(proc.stdout)] == [77_258, 2_000, None]
 
 
 STANDIN = """#!/bin/sh
