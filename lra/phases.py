@@ -5,6 +5,10 @@ sequence length, window multiplier, learning rate, batch size and warmup (`phase
 starting from phase k-1's final parameters (`config.init_from`). A phase whose `results.json`
 exists is skipped and an interrupted one resumes, so rerunning the same command continues the
 schedule. The character-LM configs (Longformer's five phases) use it.
+
+`plans` (optional) are the trainers the preflight planned and compiled (the `trainer` of each
+`lra.preflight.check` report), for the run or any of its phases: each run takes the one made
+for its steps (`Trainer.is_plan_for`), and plans its own when there is none.
 """
 
 from __future__ import annotations
@@ -79,8 +83,14 @@ def results_path(workdir: str, results: dict[str, Any]) -> str:
   return storage.join(workdir, "results.json")
 
 
+def _plan_for(plans: Sequence[Any], config: ml_collections.ConfigDict) -> Any:
+  """The plan among `plans` made for the steps of `config`, or None."""
+  return next((plan for plan in plans if plan.is_plan_for(config)), None)
+
+
 def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
-               hooks: Sequence[Callable[[int], None]] = ()) -> dict[str, Any]:
+               hooks: Sequence[Callable[[int], None]] = (),
+               plans: Sequence[Any] = ()) -> dict[str, Any]:
   """Runs every phase of `config.phases` in `<workdir>/phase<k>` (k from 1), each starting
   from the previous phase's final parameters; skips finished phases. Returns the results of
   the last phase run (or read), plus "phases" (each phase's results.json) and "interrupted".
@@ -103,7 +113,7 @@ def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
       print(f"Phase {k + 1}/{count}: {c.num_train_steps} steps of batch {c.batch_size}, length "
             f"{c.data.max_length}, windows x{config.phases[k]['window_scale']}, learning rate "
             f"{c.learning_rate:g}, in {phase_dir}", flush=True)
-      results = train.train_and_evaluate(c, phase_dir, hooks=hooks)
+      results = train.train_and_evaluate(c, phase_dir, hooks=hooks, plan=_plan_for(plans, c))
       if results["interrupted"]:
         return {**results, "phases": summary}
       if k + 1 < count:   # the last phase's line is the run's own last line
@@ -115,9 +125,9 @@ def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, *,
-        hooks: Sequence[Callable[[int], None]] = ()) -> dict[str, Any]:
+        hooks: Sequence[Callable[[int], None]] = (), plans: Sequence[Any] = ()) -> dict[str, Any]:
   """Trains `config` in `workdir`: all its phases when it has any, else one run."""
   if config.get("phases"):
-    return run_phases(config, workdir, hooks=hooks)
+    return run_phases(config, workdir, hooks=hooks, plans=plans)
   from lra import train
-  return train.train_and_evaluate(config, workdir, hooks=hooks)
+  return train.train_and_evaluate(config, workdir, hooks=hooks, plan=_plan_for(plans, config))

@@ -18,11 +18,13 @@ local devices). `Report.refusal()` is the one line a run that cannot fit ends wi
 figures, the largest buffer it can name in the compiled program (for example a dense kind's
 attention scores, batch x heads x L x L x 4 bytes) and concrete ways out.
 
-The run does not compile again: `Trainer.keep()` hands the preflight's traced and compiled steps
-to the run's `Trainer(config)`. Across runs, `lra.compiling.compile_cache()` turns on JAX's
-persistent compilation cache in the user's cache folder (`$XDG_CACHE_HOME/lra/jax`, else
-`~/.cache/lra/jax`) with no minimum compile time or entry size, so a rerun, a resume or another
-run of the same config loads every program instead of compiling it.
+The run does not compile again: the report's `trainer` is the plan the preflight compiled, and
+the caller passes it to the run (`train_and_evaluate(config, workdir, plan=report.trainer)`,
+`lra.phases.run(..., plans=...)`), whose trainer then uses its traced and compiled steps.
+Across runs, `lra.compiling.compile_cache()` turns on JAX's persistent compilation cache in the
+user's cache folder (`$XDG_CACHE_HOME/lra/jax`, else `~/.cache/lra/jax`) with no minimum
+compile time or entry size, so a rerun, a resume or another run of the same config loads every
+program instead of compiling it.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ class Report:
   """What `check` found for one config: the programs, the peak per device and what is free."""
 
   config: ml_collections.ConfigDict
-  trainer: Any                      # lra.train.Trainer.abstract(config)
+  trainer: Any                      # lra.train.Trainer.abstract(config): the run's plan
   train: Program
   eval: Program
   state_bytes: int                  # params + optimizer state + step, per device
@@ -323,7 +325,8 @@ def check(config: ml_collections.ConfigDict, *, initialisers: bool = False) -> R
   """Compiles `config`'s train and eval steps on abstract inputs and reports their memory.
 
   `initialisers`: a run follows, so compile the state's initialisers too (side by side with
-  the steps; waited for only when the config fits), for `Trainer.allocate` to reuse."""
+  the steps; waited for only when the config fits), for `Trainer.allocate` to reuse. The
+  report's `trainer` is the plan to pass to the run (`train_and_evaluate(..., plan=...)`)."""
   mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
   trainer = train_lib.Trainer.abstract(config)
   task, mesh, rest = trainer.task, trainer.mesh, trainer.abstract_rest

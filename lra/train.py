@@ -131,16 +131,17 @@ def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   storage.write_text(path, text)
 
 
-# Plans kept by `Trainer.keep` (a preflight's), by config: at most one per config.
-_PLANNED: dict[str, "Trainer"] = {}
-
-
-def _plan_key(config: ml_collections.ConfigDict) -> str:
-  """What identifies the steps of `config`: all of it but `init_from` (initial values only)."""
+def _steps_key(config: ml_collections.ConfigDict) -> str:
+  """What determines the steps of `config`: all of it but the initial values (`init_from`,
+  `init_length`)."""
   fields = config.to_dict()
   fields.pop("init_from", None)
   fields.pop("init_length", None)
   return json.dumps(fields, sort_keys=True, default=str)
+
+
+# Plans handed over by the deprecated `Trainer.keep`, by `_steps_key`: at most one per config.
+_KEPT: dict[str, "Trainer"] = {}
 
 
 class Trainer:
@@ -149,16 +150,23 @@ class Trainer:
   `Trainer(config)` allocates the parameters and optimizer state (`state`) directly in their
   shardings. `Trainer.abstract(config)` builds the same mesh, shardings and jitted steps with
   only abstract state (`abstract_state()`, `abstract_rest`: ShapeDtypeStructs with shardings),
-  allocating nothing: `lra.preflight` lowers and compiles the steps on it, and `keep()` passes
-  them on to the run's `Trainer(config)`.
+  allocating nothing: a plan, on which `lra.preflight` lowers and compiles the steps.
+  `Trainer(config, plan)` (and `train_and_evaluate(config, workdir, plan=plan)`) then allocates
+  with the plan's traced and compiled steps instead of building its own.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict):
-    planned = _PLANNED.pop(_plan_key(config), None)
-    if planned is not None:   # the preflight's plan: its steps are traced and compiled already
-      self.__dict__.update(planned.__dict__)
-    else:
+  def __init__(self, config: ml_collections.ConfigDict, plan: Trainer | None = None):
+    """Plans `config` (or takes `plan`, a `Trainer.abstract` of the same steps) and allocates."""
+    if plan is None:
+      plan = _KEPT.pop(_steps_key(config), None)
+    if plan is None:
       self._plan(config)
+    else:
+      if not plan.is_plan_for(config):
+        raise ValueError("the plan was made for a config with other steps than this one (they "
+                         "may differ in init_from and init_length only).")
+      vars(self).update(vars(plan))   # the plan's mesh, shardings and steps; the plan stays
+      self.config = config            # abstract, for other runs
     self.allocate()
 
   @classmethod
@@ -287,11 +295,16 @@ class Trainer:
     """How many times the train step was traced (once, unless its input shapes changed)."""
     return self._traces[0]
 
+  def is_plan_for(self, config: ml_collections.ConfigDict) -> bool:
+    """Whether this trainer's steps are those of `config` (the configs differ at most in the
+    initial values, `init_from` and `init_length`)."""
+    return _steps_key(self.config) == _steps_key(config)
+
   def keep(self) -> None:
-    """Hands this trainer's plan (`Trainer.abstract`), whose steps `lra.preflight` compiled,
-    to the next `Trainer` built for the same config in this process, which then reuses the
-    traced and compiled steps instead of building its own."""
-    _PLANNED[_plan_key(self.config)] = self
+    """Deprecated: pass the plan to the run instead (`Trainer(config, plan)`,
+    `train_and_evaluate(config, workdir, plan=plan)`). Hands this plan to the next
+    `Trainer(config)` built for the same steps in this process."""
+    _KEPT[_steps_key(self.config)] = self
 
   def abstract_state(self):
     """The train state as ShapeDtypeStructs with their shardings (a restore target)."""
@@ -318,12 +331,16 @@ class Trainer:
     return m
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       *, hooks: Sequence[Callable[[int], None]] = ()) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       hooks: Sequence[Callable[[int], None]] = (),
+                       plan: Trainer | None = None) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming from its checkpoints) and evaluates on test.
 
-  `hooks` are called with the step number after every train step. Returns the results written
-  to `results.json`, plus `"state"` (the final train state) and `"interrupted"`.
+  `hooks` are called with the step number after every train step. `plan` is a
+  `Trainer.abstract` of the same steps whose compiled steps the run uses (the preflight's,
+  `lra.preflight.check(config).trainer`); without one the run plans its own. Returns the
+  results written to `results.json`, plus `"state"` (the final train state) and
+  `"interrupted"`.
   """
   mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
   workdir = storage.resolve(workdir)
@@ -331,16 +348,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # The lock file needs a local disk (O_EXCL); a bucket workdir is not locked.
   lock_here = jax.process_index() == 0 and not storage.is_remote(workdir)
   with _StopFlag() as stop, lock_lib.WorkdirLock(workdir, enabled=lock_here) as lock:
-    return _train_and_evaluate(config, workdir, hooks, stop, lock)
+    return _train_and_evaluate(config, workdir, hooks, plan, stop, lock)
 
 
 def _restore_sums(saved: dict | None) -> dict | None:
   return None if saved is None else {k: np.float32(v) for k, v in saved.items()}
 
 
-def _train_and_evaluate(config, workdir, hooks, stop, lock) -> dict[str, Any]:
+def _train_and_evaluate(config, workdir, hooks, plan, stop, lock) -> dict[str, Any]:
   t_start = time.time()
-  trainer = Trainer(config)
+  # `Trainer(config)` alone without a plan: wrappers of `Trainer.__init__(self, config)`, such
+  # as the fault driver of benchmarks/soak_kill.py, see every run's trainer.
+  trainer = Trainer(config) if plan is None else Trainer(config, plan)
   task = trainer.task
   _save_config(config, workdir)
   local_batch = mesh_lib.batch_size_per_process(config.batch_size, trainer.mesh)

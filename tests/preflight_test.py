@@ -195,10 +195,9 @@ def test_the_run_loads_the_preflights_program_and_the_cache_is_restored(tmp_path
 
 
 def test_the_run_reuses_the_preflights_compiled_steps():
-  """Without any cache: the run's trainer adopts the preflight's plan and never retraces."""
+  """Without any cache: the run's trainer takes the preflight's plan and never retraces."""
   config = small_config(seed=5)
   report = preflight.check(config, initialisers=True)
-  report.trainer.keep()
   later = configs.build_config("listops", size="small", overrides=[
       ("data.max_length", "32"), ("model.num_layers", "1"), ("batch_size", "16"),
       ("eval_batch_size", "32"), ("seed", "5")])
@@ -207,18 +206,19 @@ def test_the_run_reuses_the_preflights_compiled_steps():
   compiles = []
   listener = lambda name, secs, **kw: compiles.append(name)  # noqa: E731
   jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
-    trainer = train.Trainer(later)   # allocates with the initialisers the preflight compiled
+  try:   # allocates with the initialisers the preflight compiled
+    trainer = train.Trainer(later, report.trainer)
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
   assert "/jax/core/compile/backend_compile_duration" not in compiles
   assert trainer.train_step is report.trainer.train_step and trainer.traces == 1
+  assert trainer.config is later and not hasattr(report.trainer, "state")   # the plan stays
   spec = trainer.task.batch_spec(config.data, 16, "train")
   batch = mesh_lib.global_batch({k: np.ones(v.shape, v.dtype) for k, v in spec.items()},
                                 trainer.mesh)
   jax.block_until_ready(trainer.train_step(trainer.state, batch, trainer.rest))
   assert trainer.traces == 1
-  assert train.Trainer(config).train_step is not report.trainer.train_step   # kept for one run
+  assert train.Trainer(config).train_step is not report.trainer.train_step   # plans its own
 
 
 def test_refusal_names_the_ways_out():
