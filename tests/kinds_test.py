@@ -172,3 +172,118 @@ def test_package_attributes_load_lazily():
       "assert 'jax' in sys.modules and attention.masks is masks\n"
       "assert attention.REGISTRY['band'] is band_attention is attention.get('band')\n"
       "assert attention.block_sparse_plan.make_plan\n")
+
+
+# ---- The record's other fields: each is checked against what the code does. ----
+
+def _qkv(length: int = LENGTH, heads: int = HEADS, seed: int = 3):
+  q, k, v = jax.random.normal(jax.random.key(seed), (3, 2, length, heads, 8))
+  key_mask = jnp.arange(length)[None] < jnp.array([[length], [length - 3]])
+  return q, k, v, key_mask
+
+
+def _pattern_cases():
+  """(name, args) for every kind with a pattern, with the variants its builder branches on."""
+  cases = []
+  for name in kinds.names_where(lambda k: k.pattern):
+    args = kinds.defaults(name, window=3, max_length=LENGTH)
+    cases.append((name, args))
+    if name == "band":
+      cases.append((name, {**args, "dilation": (1, 2)}))
+    if name == "sparse":
+      cases += [(name, {"pattern": "strided", "stride": 4}),
+                (name, {"pattern": "fixed", "stride": 6, "summary_width": 2})]
+  return cases
+
+
+@pytest.mark.parametrize("name,args", _pattern_cases())
+def test_pattern_is_the_pairs_the_kind_attends(name, args):
+  # The pattern MPNet's permutation masks are composed with must be exactly what the kind's
+  # own function computes: dense attention with it gives the same output.
+  kind = kinds.get(name)
+  q, k, v, key_mask = _qkv()
+  pattern = getattr(masks, kind.pattern)(LENGTH, HEADS, args)
+  assert pattern.dtype == bool and pattern.shape[0] in (1, HEADS)
+  assert pattern.shape[1:] == (LENGTH, LENGTH)
+  out = attention.get(name)(q, k, v, key_mask=key_mask, **args)
+  ref = attention.dot_product_attention(q, k, v, key_mask=key_mask, mask=pattern[None])
+  np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=1e-5)
+
+
+def test_a_record_has_a_pattern_or_says_why_not():
+  for name in NAMES:
+    kind = kinds.get(name)
+    assert (kind.pattern is None) == bool(kind.no_pattern), name
+  with pytest.raises(ValueError, match="give either pattern"):
+    kinds.Kind("x", "x", "x_attention")
+  with pytest.raises(ValueError, match="give either pattern"):
+    kinds.Kind("x", "x", "x_attention", pattern="band_pattern", no_pattern="why")
+
+
+@pytest.mark.parametrize("name", kinds.names_where(lambda k: k.copy_of))
+def test_an_exact_copy_computes_its_original(name):
+  kind = kinds.get(name)
+  q, k, v, key_mask = _qkv(length=37)
+  args = kinds.defaults(name, window=3, max_length=37)
+  for causal in (False, True):
+    out = attention.get(name)(q, k, v, key_mask=key_mask, causal=causal, **args)
+    ref = attention.get(kind.copy_of)(q, k, v, key_mask=key_mask, causal=causal)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sequence_parallel_names_a_function_or_is_refused(name):
+  from attention import sequence_parallel
+  from models import sequence
+  kind = kinds.get(name)
+  if kind.sequence_parallel:
+    assert callable(getattr(sequence_parallel, kind.sequence_parallel))
+  else:
+    q, k, v, key_mask = _qkv()
+    with pytest.raises(ValueError, match=f"attention {name!r} cannot run with the sequence "
+                                         f"split over devices; use one of band, favor, linear"):
+      sequence.attend(name, q, k, v, key_mask, {})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_relative_positions_follow_the_record(name):
+  kind = kinds.get(name)
+  spec = {"kind": name, **kinds.defaults(name, window=3, max_length=LENGTH)}
+  build = lambda: MultiHeadAttention(EMB, HEADS, EMB, spec, max_length=LENGTH,
+                                     positions={"kind": "relative"}, rngs=nnx.Rngs(0))
+  if kind.relative is None:
+    with pytest.raises(ValueError, match="pos_emb='relative' works with attention band and "
+                                         f"dot_product, not {name!r}"):
+      build()
+    return
+  x, key_mask = inputs()
+  assert build()(x, key_mask).shape == x.shape
+  assert kind.memory == kind.supports_causal   # both relative kinds carry a memory
+
+
+def test_the_record_refuses_inconsistent_fields():
+  ok = dict(pattern="all_pairs_pattern")
+  for bad, message in ((dict(cost="cubic"), "cost 'cubic' must be one of"),
+                       (dict(relative="sideways"), "relative 'sideways' must be None"),
+                       (dict(memory=True), "a memory needs relative positions"),
+                       (dict(memory=True, relative="dense", causal="no"),
+                        "a memory needs relative positions and a causal kind"),
+                       (dict(backends=("tokamax",)), "must include 'xla'")):
+    with pytest.raises(ValueError, match=message):
+      kinds.Kind("x", "x", "x_attention", **ok, **bad)
+
+
+def test_from_inputs_names_a_function_beside_the_kind_and_its_extras_decide():
+  for name in kinds.names_where(lambda k: k.from_inputs):
+    kind = kinds.get(name)
+    assert callable(getattr(getattr(attention, kind.module), kind.from_inputs))
+    assert isinstance(getattr(attention_extras, kind.extras), type)
+  shared = layer("linformer", sharing="kv")
+  per_head = layer("linformer", sharing="headwise")
+  assert shared._takes_inputs() and not per_head._takes_inputs()
+  assert not layer("dot_product")._takes_inputs()
+
+
+def test_quadratic_kinds_are_the_ones_that_score_every_pair():
+  assert kinds.names_where(lambda k: k.cost == "quadratic") == (
+      "dot_product", "flash", "synthesizer")
