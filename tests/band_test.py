@@ -3,6 +3,7 @@
 import re
 import zlib
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +24,13 @@ def _key_mask(rng, b, length, all_padding_row=True):
   return jnp.asarray(np.arange(length)[None] < lengths[:, None])
 
 
+def _out_and_grads(fn, q, k, v, ct):
+  """{out, dq, dk, dv} of `fn` at (q, k, v) for the output cotangent `ct`: one tree, so a
+  failed comparison names the leaf that differs."""
+  out, vjp = jax.vjp(fn, q, k, v)
+  return dict(zip(("out", "dq", "dk", "dv"), (out, *vjp(ct))))
+
+
 def _check(q, k, v, ct, *, window, dilation=1, causal=False, global_mask=None, key_mask=None,
            block_size=None, atol=1e-5):
   h = q.shape[2]
@@ -37,11 +45,10 @@ def _check(q, k, v, ct, *, window, dilation=1, causal=False, global_mask=None, k
   def ref(q, k, v):
     return attention.dot_product_attention(q, k, v, mask=mask, key_mask=key_mask)
 
-  out, vjp = jax.vjp(fast, q, k, v)
-  want, vjp_ref = jax.vjp(ref, q, k, v)
-  np.testing.assert_allclose(out, want, atol=atol, rtol=atol)
-  for got, exp, name in zip(vjp(ct), vjp_ref(ct), "qkv"):
-    np.testing.assert_allclose(got, exp, atol=atol, rtol=atol, err_msg=f"gradient w.r.t. {name}")
+  got = _out_and_grads(fast, q, k, v, ct)
+  chex.assert_shape(got["out"], q.shape[:3] + v.shape[3:])
+  chex.assert_trees_all_close(got, _out_and_grads(ref, q, k, v, ct), atol=atol, rtol=atol)
+  out = got["out"]
   if key_mask is not None:  # padded queries output exactly 0
     assert np.all(np.asarray(out)[~np.asarray(key_mask)] == 0)
   return out
@@ -118,7 +125,7 @@ def test_bfloat16_close_to_float32():
   kw = dict(window=24, dilation=[1, 1, 2, 3], global_mask=global_mask, key_mask=key_mask)
   want = attention.band_attention(q, k, v, **kw)
   got = attention.band_attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)), **kw)
-  assert got.dtype == jnp.bfloat16
+  chex.assert_type(got, jnp.bfloat16)
   err = np.abs(np.asarray(got, np.float32) - np.asarray(want))
   assert np.isfinite(err).all()
   assert err.max() < 0.05 and err.mean() < 5e-3, (err.max(), err.mean())
@@ -146,7 +153,7 @@ def test_jit_with_traced_global_mask_needs_max_global():
                                                            max_global=24))
   want = attention.dot_product_attention(
       q, k, v, mask=masks.longformer_mask(24, window=2, global_mask=global_mask))
-  np.testing.assert_allclose(fn(q, k, v, global_mask), want, atol=1e-5)
+  chex.assert_trees_all_close(fn(q, k, v, global_mask), want, atol=1e-5, rtol=1e-7)
 
 
 def _max_array_elements(hlo_text):

@@ -8,6 +8,7 @@ gradient's jaxpr has no variable of L x L elements and its compiled temporaries 
 B * H * L * L * 4 bytes.
 """
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,6 +55,11 @@ def outputs_and_grads(fn, q, k, v, weights):
   return jax.jit(run)(q, k, v, weights)
 
 
+def named(out, grads):
+  """{out, dq, dk, dv}: compared as one tree, a failure names the leaf that differs."""
+  return dict(zip(("out", "dq", "dk", "dv"), (out, *grads)))
+
+
 # (batch, Lq, Lk, heads, D, Dv, block_size, causal, key padding, query mask, block-mask rank)
 CASES = [
     (2, 13, 13, 3, 8, 5, 4, False, True, False, 2),     # partial last block, layout [nq, nk]
@@ -87,10 +93,9 @@ def test_equals_dot_product_in_outputs_and_gradients(b, lq, lk, h, d, dv, bs, ca
   weights = normal(3, (b, lq, h, dv))
   out, grads = outputs_and_grads(fl, q, k, v, weights)
   ref, ref_grads = outputs_and_grads(dp, q, k, v, weights)
-  assert out.shape == (b, lq, h, dv) and out.dtype == jnp.float32
-  np.testing.assert_allclose(out, ref, **TOL)
-  for name, g, r in zip("qkv", grads, ref_grads):
-    np.testing.assert_allclose(g, r, **TOL, err_msg=f"d{name}")
+  chex.assert_shape(out, (b, lq, h, dv))
+  chex.assert_type(out, jnp.float32)
+  chex.assert_trees_all_close(named(out, grads), named(ref, ref_grads), **TOL)
   assert np.abs(np.asarray(ref)).max() > 0.1             # the case attends something
 
 
@@ -104,7 +109,7 @@ def test_queries_with_no_key_output_zero_and_get_zero_gradients():
                                              block_mask=block_mask, block_size=bs)
   out, (dq, dk, dv) = outputs_and_grads(fn, q, k, v, normal(3, (b, length, h, d)))
   out, dq, dk, dv = map(np.asarray, (out, dq, dk, dv))
-  assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in (dq, dk, dv))
+  chex.assert_tree_all_finite((out, dq, dk, dv))
   empty = np.zeros((b, length), bool)
   empty[1] = True                                        # no key at all
   empty[0, 15:] = True                                   # padded queries
@@ -123,15 +128,15 @@ def test_bfloat16_inputs_keep_float32_statistics():
   weights = normal(3, (b, length, h, d))
   out, grads = outputs_and_grads(fl, *half, weights)
   ref, ref_grads = outputs_and_grads(dp, *half, weights)
-  assert out.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in grads)
+  chex.assert_type([out, *grads], jnp.bfloat16)
   as32 = lambda x: np.asarray(x.astype(jnp.float32))
-  np.testing.assert_allclose(as32(out), as32(ref), rtol=2e-2, atol=2e-2)
-  for g, r in zip(grads, ref_grads):
-    np.testing.assert_allclose(as32(g), as32(r), rtol=5e-2, atol=5e-2)
+  chex.assert_trees_all_close(as32(out), as32(ref), rtol=2e-2, atol=2e-2)
+  chex.assert_trees_all_close(jax.tree.map(as32, grads), jax.tree.map(as32, ref_grads),
+                              rtol=5e-2, atol=5e-2)
   # the same bf16 inputs in float32: only the output rounding differs
   exact = flash.flash_attention(*[x.astype(jnp.float32) for x in half], key_mask=key_mask,
                                 causal=True, block_size=bs)
-  np.testing.assert_allclose(as32(out), np.asarray(exact), rtol=1e-2, atol=1e-2)
+  chex.assert_trees_all_close(as32(out), np.asarray(exact), rtol=1e-2, atol=1e-2)
 
 
 def test_traced_block_mask_under_jit():
@@ -141,7 +146,7 @@ def test_traced_block_mask_under_jit():
   for seed in range(2):
     bm = np.random.RandomState(seed).rand(h, 3, 3) > 0.5
     ref = dot_product_attention(q, k, v, mask=dense_mask(bm, bs, length, length))
-    np.testing.assert_allclose(run(jnp.asarray(bm)), ref, **TOL)
+    chex.assert_trees_all_close(run(jnp.asarray(bm)), ref, **TOL)
 
 
 def test_pairs_with_nothing_allowed_are_skipped():
@@ -174,7 +179,7 @@ def test_block_mask_is_the_exact_dense_path_of_a_block_sparse_layout():
                                               causal=causal, key_mask=key_mask)
     out = flash.flash_attention(q, k, v, block_mask=layout, block_size=bs, causal=causal,
                                 key_mask=key_mask)
-    np.testing.assert_allclose(out, ref, **TOL)
+    chex.assert_trees_all_close(out, ref, **TOL)
 
 
 def test_bad_arguments_say_what_to_pass():
@@ -235,12 +240,13 @@ def test_kind_record_and_layer():
                                  rngs=nnx.Rngs(0))
               for spec in ({"kind": "flash", "block_size": 4}, {"kind": "dot_product"})]
     out, ref = (jax.jit(lambda x, m, layer=layer: layer(x, m))(x, key_mask) for layer in layers)
-    np.testing.assert_allclose(out, ref, **TOL)
+    chex.assert_trees_all_close(out, ref, **TOL)
 
 
 def test_no_keys_or_no_queries():
   q = normal(0, (2, 5, 2, 4))
   empty = q[:, :0]
   out = flash.flash_attention(q, empty, empty[..., :3])
-  assert out.shape == (2, 5, 2, 3) and not np.asarray(out).any()
-  assert flash.flash_attention(empty, q, q).shape == (2, 0, 2, 4)
+  chex.assert_shape(out, (2, 5, 2, 3))
+  assert not np.asarray(out).any()
+  chex.assert_shape(flash.flash_attention(empty, q, q), (2, 0, 2, 4))

@@ -2,6 +2,7 @@
 the XL shift's causal-only validity and the `[:-1]` slip, and band + relative equal to dense +
 relative with the band mask (outputs and gradients, odd lengths, short lengths, padding)."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,9 +39,11 @@ def test_shift_equals_direct_bidirectional_and_causal(length):
   q, _, _, p = _arrays(length)
   direct = _direct(q + p["v_bias"], p["w_r"], length)
   got = relative.position_scores(q + p["v_bias"], p["w_r"], length)
-  np.testing.assert_allclose(got, direct, atol=1e-5)         # every (i, j): bidirectional
+  chex.assert_shape(got, (2, H, length, length))
+  chex.assert_trees_all_close(got, direct, atol=1e-5, rtol=1e-7)   # every (i, j): bidirectional
   causal = np.tril(np.ones((length, length), bool))
-  np.testing.assert_allclose(np.where(causal, got, 0), np.where(causal, direct, 0), atol=1e-5)
+  chex.assert_trees_all_close(np.where(causal, got, 0), np.where(causal, direct, 0), atol=1e-5,
+                              rtol=1e-7)
 
 
 def test_xl_shift_is_right_only_below_the_diagonal_and_the_slip_is_caught():
@@ -53,7 +56,8 @@ def test_xl_shift_is_right_only_below_the_diagonal_and_the_slip_is_caught():
   scores = jnp.einsum("bqhd,mhd->bhqm", q_v, r)
   causal = np.tril(np.ones((length, length), bool))
   xl = relative.rel_shift_xl(scores)
-  np.testing.assert_allclose(np.where(causal, xl, 0), np.where(causal, direct, 0), atol=1e-5)
+  chex.assert_trees_all_close(np.where(causal, xl, 0), np.where(causal, direct, 0), atol=1e-5,
+                              rtol=1e-7)
   assert not np.allclose(xl, direct, atol=1e-3)              # wrong above the diagonal
   slipped = relative.rel_shift_xl(scores, slip=True)
   assert np.abs(np.where(causal, slipped - direct, 0)).max() > 1e-2
@@ -86,9 +90,9 @@ def test_band_relative_equals_dense_relative_with_band_mask(length, window, caus
 
   (_, band), band_grads = value_and_grad(_band)
   (_, dense), dense_grads = value_and_grad(_dense_band)
-  np.testing.assert_allclose(band, dense, atol=1e-5)
-  for a, b in zip(jax.tree.leaves(band_grads), jax.tree.leaves(dense_grads)):
-    np.testing.assert_allclose(a, b, atol=1e-5)
+  chex.assert_shape(band, q.shape)
+  # Gradients w.r.t. q, k, v and the position parameters u, v_bias, w_r, as one tree.
+  chex.assert_trees_all_close((band, band_grads), (dense, dense_grads), atol=1e-5, rtol=1e-7)
 
 
 def test_dense_relative_without_positions_is_dot_product():
@@ -96,9 +100,9 @@ def test_dense_relative_without_positions_is_dot_product():
   q, k, v, p = _arrays(9)
   zero = dict(u=jnp.zeros((H, D)), v_bias=jnp.zeros((H, D)), w_r=jnp.zeros((E, H, D)))
   key_mask = jnp.arange(9)[None].repeat(2, 0) < 7
-  np.testing.assert_allclose(
+  chex.assert_trees_all_close(
       relative.relative_attention(q, k, v, **zero, key_mask=key_mask, causal=True),
-      dot_product_attention(q, k, v, key_mask=key_mask, causal=True), atol=1e-6)
+      dot_product_attention(q, k, v, key_mask=key_mask, causal=True), atol=1e-6, rtol=1e-7)
 
 
 def test_band_relative_with_dilation_and_global_tokens(causal=True):
@@ -112,4 +116,4 @@ def test_band_relative_with_dilation_and_global_tokens(causal=True):
   qa, ka = relative.factorised_qk(q, k, **p)
   band = band_attention(qa, ka, v, window=3, dilation=[1, 2], causal=causal, key_mask=key_mask,
                         global_mask=glob, block_size=8)
-  np.testing.assert_allclose(band, dense, atol=1e-5)
+  chex.assert_trees_all_close(band, dense, atol=1e-5, rtol=1e-7)

@@ -2,6 +2,7 @@
 masking (padding, causal, all-padding rows), mixtures with dot-product attention (outputs and
 gradients), per-head parameters and error messages."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +19,8 @@ def _normal(seed, shape):
 
 
 def _assert_close(a, b, tol=2e-5):
-  np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol, rtol=tol)
+  """Arrays or trees of arrays `a` equal to the reference `b` within `tol`."""
+  chex.assert_trees_all_close(a, b, atol=tol, rtol=tol)
 
 
 def _params():
@@ -109,9 +111,9 @@ def test_dot_product_weight_only_equals_dense_attention_with_gradients():
   assert np.all(np.asarray(out)[2] == 0.0)
   ct = _normal(33, out.shape)
   grad = lambda f: jax.jit(jax.grad(lambda *a: jnp.sum(f(*a) * ct), argnums=(0, 1, 2)))(q, k, v)
-  for g, r in zip(grad(syn), grad(ref)):
-    assert np.all(np.isfinite(np.asarray(g)))
-    _assert_close(g, r)
+  grads = grad(syn)
+  chex.assert_tree_all_finite(grads)
+  _assert_close(dict(zip(("dq", "dk", "dv"), grads)), dict(zip(("dq", "dk", "dv"), grad(ref))))
 
 
 def test_random_gradient_flows_to_parameters_only_through_allowed_pairs():
