@@ -1,5 +1,6 @@
 """Tests of the codebase's layout rules (shared/DESIGN.md): which room may import which, configs
-that load neither jax nor tensorflow_datasets, no per-family branches in the trainer, file sizes.
+that load neither jax nor tensorflow_datasets, no per-family branches in the trainer, file sizes,
+no import cycle anywhere, and attention, models and lra never importing configs or launch.
 
 Imports are read from the source with `ast` (every `import` and `from ... import`, including those
 inside functions), so a rule breaks the moment someone writes the import, not when it runs.
@@ -91,6 +92,71 @@ def test_the_rules_catch_a_forbidden_import(tmp_path, monkeypatch):
   assert bad == [f"lra{os.sep}data{os.sep}bad.py imports launch.cli",
                  f"lra{os.sep}data{os.sep}bad.py imports models",
                  f"lra{os.sep}data{os.sep}bad.py imports models.encoder"]
+
+
+def test_attention_models_and_lra_never_import_configs_or_launch():
+  bad = violations(python_files("attention", "models", "lra"),
+                   lambda m: within(m, "configs", "launch"))
+  assert not bad, "\n".join(bad)
+
+
+def import_graph(*folders: str) -> dict[str, set[str]]:
+  """Module -> the modules of the repository it imports (a `from package import name` counts
+  as importing `package.name` when that is a module of the repository)."""
+  files = python_files(*folders)
+  modules = {module_name(p) for p in files}
+  return {module_name(p): {m for m in imports(p) if m in modules and m != module_name(p)}
+          for p in files}
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str]:
+  """One import cycle of `graph` as [a, b, ..., a], or [] when there is none. A package's
+  `__init__` importing its own submodules is not an arrow back up."""
+  def arrows(module):
+    return sorted(m for m in graph.get(module, ())
+                  if not module.startswith(m + ".") and not m.startswith(module + "."))
+  state, path = {}, []
+
+  def visit(module):
+    state[module] = "open"
+    path.append(module)
+    for target in arrows(module):
+      if state.get(target) == "open":
+        return path[path.index(target):] + [target]
+      if target not in state:
+        found = visit(target)
+        if found:
+          return found
+    state[module] = "done"
+    path.pop()
+    return []
+
+  for module in sorted(graph):
+    if module not in state:
+      found = visit(module)
+      if found:
+        return found
+  return []
+
+
+def test_no_import_cycle_anywhere():
+  found = cycle(import_graph(*PACKAGES))
+  assert not found, " -> ".join(found)
+
+
+def test_the_layer_rules_catch_a_planted_import(tmp_path, monkeypatch):
+  # A model importing the config files, and a cycle between two launch modules, are reported.
+  for folder, name, text in (("models", "bad.py", "from configs import common\n"),
+                             ("launch", "a.py", "from launch import b\n"),
+                             ("launch", "b.py", "def f():\n  from launch import a\n")):
+    (tmp_path / folder).mkdir(exist_ok=True)
+    (tmp_path / folder / name).write_text(text)
+  monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+  assert violations(python_files("models"), lambda m: within(m, "configs", "launch")) == [
+      f"models{os.sep}bad.py imports configs", f"models{os.sep}bad.py imports configs.common"]
+  assert cycle(import_graph("launch")) == ["launch.a", "launch.b", "launch.a"]
+  (tmp_path / "launch" / "b.py").write_text("import os\n")
+  assert cycle(import_graph("launch")) == []
 
 
 def test_configs_load_neither_jax_nor_tensorflow_datasets():
