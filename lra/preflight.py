@@ -210,7 +210,7 @@ class Report:
 
   @property
   def param_count(self) -> int:
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(self.trainer.abstract_state()["params"]))
+    return self.trainer.param_count
 
   def blame(self) -> str:
     """The largest buffer of the bigger program, named when it is a known tensor."""

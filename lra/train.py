@@ -12,7 +12,9 @@ The workdir holds: `config.json` (the resolved config), `checkpoints/` (state + 
 position, periodic and final, newest `keep_checkpoints` kept), `best/` (the parameters with the
 best validation result by the task's rule: accuracy, or loss for language models),
 `metrics.jsonl`, `tensorboard/` (the same metrics as TensorBoard scalars) and `results.json`
-(final test evaluation plus the task's own fields, such as bits per character). The workdir may
+(final test evaluation, the parameter count, plus the task's own fields, such as bits per
+character). The run itself (restore, the loop and its periodic actions, the final evaluation)
+is `lra.loop`; a `Trainer.abstract` plan (the preflight's) may be passed to it. The workdir may
 be a bucket (`gs://...`): every file goes through `lra.storage` (etils.epath), and only process
 0 writes the shared files.
 Re-running in the same workdir resumes exactly where the last checkpoint left off. Ctrl-C saves
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -38,14 +41,11 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
-from jax.experimental import multihost_utils
 
 from attention import kinds as attention_kinds
-from lra import checkpoint, lock as lock_lib, mesh as mesh_lib, metrics, progress, storage
+from lra import lock as lock_lib, loop, mesh as mesh_lib, metrics, storage
 from lra import tasks as tasks_lib
-from lra.data import pipeline
-from lra.optim import learning_rate_schedule, make_optimizer
-from models import embeddings
+from lra.optim import learning_rate_schedule, make_optimizer  # noqa: F401 (one re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class Trainer:
       except ValueError as e:
         raise ValueError(f"config.{field} = {config[field]}: {e}") from None
     self.rules = tuple(tuple(r) for r in config.axis_rules)
-    cfg = model_config(config, self.task)
+    cfg = self.model_cfg = model_config(config, self.task)
     seed = int(config.seed)
     task = self.task
 
@@ -306,6 +306,11 @@ class Trainer:
     `Trainer(config)` built for the same steps in this process."""
     _KEPT[_steps_key(self.config)] = self
 
+  @property
+  def param_count(self) -> int:
+    """The number of values in the model's parameters."""
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(self._abstract_state["params"]))
+
   def abstract_state(self):
     """The train state as ShapeDtypeStructs with their shardings (a restore target)."""
     return self._abstract_state
@@ -340,7 +345,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   `Trainer.abstract` of the same steps whose compiled steps the run uses (the preflight's,
   `lra.preflight.check(config).trainer`); without one the run plans its own. Returns the
   results written to `results.json`, plus `"state"` (the final train state) and
-  `"interrupted"`.
+  `"interrupted"`. The run itself is `lra.loop`.
   """
   mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
   workdir = storage.resolve(workdir)
@@ -348,156 +353,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   # The lock file needs a local disk (O_EXCL); a bucket workdir is not locked.
   lock_here = jax.process_index() == 0 and not storage.is_remote(workdir)
   with _StopFlag() as stop, lock_lib.WorkdirLock(workdir, enabled=lock_here) as lock:
-    return _train_and_evaluate(config, workdir, hooks, plan, stop, lock)
-
-
-def _restore_sums(saved: dict | None) -> dict | None:
-  return None if saved is None else {k: np.float32(v) for k, v in saved.items()}
-
-
-def _train_and_evaluate(config, workdir, hooks, plan, stop, lock) -> dict[str, Any]:
-  t_start = time.time()
-  # `Trainer(config)` alone without a plan: wrappers of `Trainer.__init__(self, config)`, such
-  # as the fault driver of benchmarks/soak_kill.py, see every run's trainer.
-  trainer = Trainer(config) if plan is None else Trainer(config, plan)
-  task = trainer.task
-  _save_config(config, workdir)
-  local_batch = mesh_lib.batch_size_per_process(config.batch_size, trainer.mesh)
-  eval_batch = mesh_lib.batch_size_per_process(config.eval_batch_size, trainer.mesh)
-  shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
-
-  sources = {split: task.get_source(config.data, split)
-             for split in ("train", "validation", "test")}
-  train_iter = pipeline.train_iterator(
-      sources["train"], batch_size=config.batch_size, seed=int(config.seed), **shard)
-  del local_batch
-
-  ckpt = checkpoint.Checkpointer(storage.join(workdir, "checkpoints"),
-                                 every=config.checkpoint_every, keep=config.keep_checkpoints)
-  best_ckpt = checkpoint.Checkpointer(storage.join(workdir, "best"), every=0, keep=1)
-  state = trainer.state
-  start_step, train_sums = 0, None
-  restored = ckpt.restore_latest(trainer.abstract_state())
-  if restored is not None:
-    state, saved, start_step = restored
-    train_iter.set_state(saved["train_iterator"])
-    train_sums = _restore_sums(saved.get("train_sums"))   # the open logging window
-    print(f"Resumed from {ckpt.directory} at step {start_step}.", flush=True)
-  elif config.get("init_from"):
-    target = checkpoint.abstract_like(state["params"])
-    # config.init_length: the source's max_length when shorter (its learned positions are tiled).
-    fewer = (model_config(config, task)["max_length"] - int(config.init_length)
-             if config.get("init_length") else 0)
-    params, from_step = checkpoint.load_params(
-        config.init_from, embeddings.shorter_tables(target, fewer) if fewer else target)
-    if fewer:
-      params = embeddings.extend_tables(params, state["params"])
-    state = {**state, "params": params}
-    print(f"Initialised the parameters from {config.init_from} (step {from_step}).", flush=True)
-  best = {"accuracy": -1.0, "step": -1}
-  if best_ckpt.steps():
-    best_restored = best_ckpt.restore_latest(
-        {"params": checkpoint.abstract_like(state["params"])})
-    if best_restored is not None:
-      best = best_restored[1]["best"]
-  writer = metrics.MetricWriter(workdir)
-  total_steps = int(config.num_train_steps)
-  # Records written after the step resumed from (by a run killed before its next checkpoint),
-  # and the final evaluation's, are written again: drop them so each step has one record.
-  writer.keep_only(lambda r: r["step"] < start_step or (
-      r["step"] == start_step and not (start_step == total_steps and r["split"] != "train")))
-
-  def data_state():
-    sums = None if train_sums is None else {
-        k: float(np.asarray(v)) for k, v in train_sums.items()}
-    lock.heartbeat()
-    return {"train_iterator": train_iter.get_state(), "train_sums": sums}
-
-  def run_eval(step: int, params) -> dict[str, float]:
-    nonlocal best
-    m = trainer.evaluate(params, pipeline.eval_batches(
-        sources["validation"], batch_size=eval_batch * jax.process_count(), **shard))
-    writer.write(step, "validation", m)
-    if task.better(m, best):
-      best = {"accuracy": m["accuracy"], "step": step, "loss": m["loss"]}
-      best_ckpt.save(step, {"params": params}, {"best": best}, force=True)
-    return m
-
-  bar = progress.Progress(total_steps, start_step) if config.get("progress", True) else None
-  interrupted = stop.requested   # during start-up or compilation: stop before the first step
-  last_loss, t_log, step = None, time.perf_counter(), start_step
-  if not interrupted:
-    for step in range(start_step + 1, total_steps + 1):
-      batch = mesh_lib.global_batch(next(train_iter), trainer.mesh)
-      state, sums = trainer.train_step(state, batch, trainer.rest)
-      train_sums = metrics.add_sums(train_sums, sums)
-      if step % config.log_every == 0 or step == total_steps:
-        m = trainer.summarise({k: v for k, v in train_sums.items() if k != "grad_norm"})
-        now = time.perf_counter()
-        m["steps_per_second"] = config.log_every / max(now - t_log, 1e-9)
-        m["learning_rate"] = float(learning_rate_schedule(config)(step))
-        writer.write(step, "train", m)
-        last_loss, train_sums, t_log = m["loss"], None, now
-      if step % config.eval_every == 0 and step != total_steps:
-        vm = run_eval(step, state["params"])
-        if bar is None:
-          print(f"step {step}: validation accuracy {vm['accuracy']:.4f}", flush=True)
-      if ckpt.due(step):
-        ckpt.save(step, state, data_state())
-      for hook in hooks:
-        hook(step)
-      if bar is not None:
-        bar.update(step, last_loss)
-      if stop.requested:
-        interrupted = True
-        break
-  if bar is not None:
-    bar.close()
-  if interrupted:
-    saved = ckpt.save(step, state, data_state(), force=True)
-    ckpt.close()
-    best_ckpt.close()
-    writer.close()
-    where = f"Saved a checkpoint at step {step} in {ckpt.directory}" if saved else \
-        f"Stopped at step {step} (its checkpoint is already in {ckpt.directory})"
-    print(f"{where}; rerun the same command to continue.", flush=True)
-    return {"interrupted": True, "step": step, "state": state}
-
-  ckpt.save(total_steps, state, data_state(), force=True)
-  final_val = run_eval(total_steps, state["params"])
-  chance = task.chance_reference()
-  chance_counts = None if chance is None else np.zeros(chance[1], np.int64)
-  test_final = trainer.evaluate(state["params"], pipeline.eval_batches(
-      sources["test"], batch_size=eval_batch * jax.process_count(), **shard),
-      chance_counts=chance_counts)
-  writer.write(total_steps, "test", test_final)
-  if chance_counts is not None and jax.process_count() > 1:  # each process saw its own rows
-    chance_counts = np.asarray(multihost_utils.process_allgather(chance_counts)).sum(0)
-  best_params = best_ckpt.restore_latest({"params": checkpoint.abstract_like(state["params"])})
-  test_best = test_final
-  if best_params is not None and best["step"] != total_steps:
-    test_best = trainer.evaluate(best_params[0]["params"], pipeline.eval_batches(
-        sources["test"], batch_size=eval_batch * jax.process_count(), **shard))
-  results = {
-      "task": task.name,
-      "attention": config.model.attention.kind,
-      "steps": total_steps,
-      "test_accuracy": test_best["accuracy"],
-      "test_loss": test_best["loss"],
-      "best_validation_accuracy": best["accuracy"],
-      "best_validation_step": best["step"],
-      "final_test_accuracy": test_final["accuracy"],
-      "final_validation_accuracy": final_val["accuracy"],
-      "test_examples": int(test_final["examples"]),
-      "wall_seconds_this_run": round(time.time() - t_start, 1),
-      "train_step_traces": trainer.traces,
-  }
-  if chance_counts is not None and chance_counts.sum():
-    results[chance[0]] = float(chance_counts.max() / chance_counts.sum())
-  results.update(task.result_fields(test_best=test_best, test_final=test_final,
-                                    final_validation=final_val, best=best))
-  _write_json(storage.join(workdir, "results.json"), results)
-  ckpt.close()
-  best_ckpt.close()
-  writer.close()
-  return {**results, "interrupted": False, "state": state}
+    started = time.time()
+    # `Trainer(config)` alone without a plan: wrappers of `Trainer.__init__(self, config)`, such
+    # as the fault driver of benchmarks/soak_kill.py, see every run's trainer.
+    trainer = Trainer(config) if plan is None else Trainer(config, plan)
+    _save_config(config, workdir)
+    return loop.run(trainer, config, workdir, hooks=hooks, stop=stop, lock=lock, started=started)

@@ -1,7 +1,9 @@
 """Tests for lra/train.py on tiny generated ListOps: every attention kind trains two steps with
 one trace of the step; a Ctrl-C'd and resumed run ends with exactly the parameters of an
-uninterrupted one; a (4, 2) data x tensor mesh gives the losses of one device."""
+uninterrupted one; a (4, 2) data x tensor mesh gives the losses of one device; results.json
+counts the parameters, and a plan passed to the run (or a phase) is the one it uses."""
 
+import json
 import os
 import signal
 
@@ -12,7 +14,7 @@ import pytest
 import attention
 import task_helpers
 from configs import common, listops as listops_config
-from lra import metrics, tasks, train
+from lra import loop, metrics, phases, tasks, train
 
 jax.config.update("jax_disable_most_optimizations", True)
 
@@ -105,6 +107,39 @@ def test_rerun_of_a_finished_run_does_not_train_again(data_dir, tmp_path):
   again = train.train_and_evaluate(config, str(tmp_path))
   assert [step for step, _ in train_losses(str(tmp_path))] == [1, 2]
   assert not again["interrupted"] and again["train_step_traces"] == 0
+
+
+def test_each_phase_counts_its_parameters_and_takes_its_plan(data_dir, tmp_path):
+  config = tiny_config(data_dir)
+  phase = dict(steps=1, max_length=24, window_scale=1.0, learning_rate=1e-3, batch_size=16,
+               warmup_steps=1)
+  with config.unlocked():
+    config.phases = (phase, {**phase, "steps": 2})
+  plan = train.Trainer.abstract(phases.phase_config(config, 0))   # phase 1's only
+  results = phases.run(config, str(tmp_path), plans=[plan])
+  count = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(results["state"]["params"]))
+  assert count > 0 and results["param_count"] == count
+  for k in (1, 2):
+    with open(tmp_path / f"phase{k}" / "results.json") as f:
+      assert json.load(f)["param_count"] == count
+  assert plan.traces == 1                    # phase 1 traced the plan's step, once
+  assert not hasattr(plan, "state")          # ... on a trainer of its own: the plan stays abstract
+  assert results["train_step_traces"] == 1   # phase 2 planned (and traced) its own
+
+
+def test_a_plan_for_other_steps_is_refused(data_dir):
+  plan = train.Trainer.abstract(tiny_config(data_dir))
+  with pytest.raises(ValueError, match="other steps"):
+    train.Trainer(tiny_config(data_dir, batch_size=32), plan)
+
+
+def test_periodic_actions_follow_their_period_and_the_last_step_rule():
+  due = lambda periodic: [s for s in range(1, 11) if periodic.due(s, 10)]   # noqa: E731
+  act = lambda step: None   # noqa: E731
+  assert due(loop.Periodic(4, act)) == [4, 8]
+  assert due(loop.Periodic(4, act, last=True)) == [4, 8, 10]
+  assert due(loop.Periodic(5, act, last=False)) == [5]
+  assert due(loop.Periodic(0, act)) == []
 
 
 def test_language_model_config_refuses_non_causal_kinds():

@@ -1,0 +1,273 @@
+"""The run of `lra.train.train_and_evaluate`: restore, the step loop, the final evaluation.
+
+`run(trainer, config, workdir, ...)` builds a `Run`, which
+
+  restores (`Run.restore`) the train state, the data iterator's position and the open logging
+    window's metric sums from the workdir's newest checkpoint (or the parameters from
+    `config.init_from`), and the best validation result so far from `best/`;
+  trains (`Run.train`): after each step the periodic actions that are due (`Run.periodic`, a
+    list of `Periodic(every, action)`: log the train metrics, evaluate on validation, save a
+    checkpoint, call the hooks, move the progress bar), then `Run.stop_now` decides whether to
+    stop there;
+  finishes (`Run.finish`): saves the last step, evaluates the final parameters on validation
+    and test and the best ones on test, and writes `results.json`; or, stopped early
+    (`Run.stopped`), saves the step it stopped at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from lra import checkpoint, mesh as mesh_lib, metrics, progress, storage
+from lra.data import pipeline
+from lra.optim import learning_rate_schedule
+from models import embeddings
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class Periodic:
+  """`action(step)` after each train step that is a multiple of `every` (none when `every` is
+  0); at the last step `last` decides instead, when given."""
+
+  every: int
+  action: Callable[[int], None]
+  last: bool | None = None
+
+  def due(self, step: int, total_steps: int) -> bool:
+    if step == total_steps and self.last is not None:
+      return self.last
+    return self.every > 0 and step % self.every == 0
+
+
+def _restore_sums(saved: dict | None) -> dict | None:
+  return None if saved is None else {k: np.float32(v) for k, v in saved.items()}
+
+
+class Run:
+  """One call of `train_and_evaluate` on an allocated trainer (see the module docstring)."""
+
+  def __init__(self, trainer, config: ml_collections.ConfigDict, workdir: str, *,
+               hooks: Sequence[Callable[[int], None]], stop, lock, started: float):
+    self.trainer, self.task, self.config, self.workdir = trainer, trainer.task, config, workdir
+    self.hooks, self.stop, self.lock, self.started = hooks, stop, lock, started
+    self.eval_batch = mesh_lib.batch_size_per_process(config.eval_batch_size, trainer.mesh)
+    self.shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+    self.sources = {split: self.task.get_source(config.data, split) for split in SPLITS}
+    self.train_iter = pipeline.train_iterator(
+        self.sources["train"], batch_size=config.batch_size, seed=int(config.seed), **self.shard)
+    self.ckpt = checkpoint.Checkpointer(storage.join(workdir, "checkpoints"),
+                                        every=config.checkpoint_every,
+                                        keep=config.keep_checkpoints)
+    self.best_ckpt = checkpoint.Checkpointer(storage.join(workdir, "best"), every=0, keep=1)
+    self.total_steps = int(config.num_train_steps)
+    self.restore()
+    self.writer = metrics.MetricWriter(workdir)
+    start, total = self.start_step, self.total_steps
+    # Records written after the step resumed from (by a run killed before its next checkpoint),
+    # and the final evaluation's, are written again: drop them so each step has one record.
+    self.writer.keep_only(lambda r: r["step"] < start or (
+        r["step"] == start and not (start == total and r["split"] != "train")))
+    self.bar = progress.Progress(total, start) if config.get("progress", True) else None
+    self.last_loss, self.t_log = None, time.perf_counter()
+    self.periodic = [Periodic(int(config.log_every), self.log_train_metrics, last=True),
+                     Periodic(int(config.eval_every), self.evaluate, last=False),
+                     Periodic(self.ckpt.every, self.save_checkpoint)]
+    if hooks:
+      self.periodic.append(Periodic(1, self.call_hooks))
+    if self.bar is not None:
+      self.periodic.append(Periodic(1, self.show_progress))
+
+  # Restore.
+
+  def restore(self) -> None:
+    """Sets `state`, `start_step`, `train_sums` (the open logging window) and `best`: from the
+    newest checkpoint (which also moves the train iterator to its position), else the fresh
+    state, with the parameters of `config.init_from` when given."""
+    config = self.config
+    self.state, self.start_step, self.train_sums = self.trainer.state, 0, None
+    restored = self.ckpt.restore_latest(self.trainer.abstract_state())
+    if restored is not None:
+      self.state, saved, self.start_step = restored
+      self.train_iter.set_state(saved["train_iterator"])
+      self.train_sums = _restore_sums(saved.get("train_sums"))
+      print(f"Resumed from {self.ckpt.directory} at step {self.start_step}.", flush=True)
+    elif config.get("init_from"):
+      self.state = {**self.state, "params": self._initial_params()}
+    self.best = {"accuracy": -1.0, "step": -1}
+    if self.best_ckpt.steps():
+      best = self.best_ckpt.restore_latest({"params": self._abstract_params()})
+      if best is not None:
+        self.best = best[1]["best"]
+
+  def _initial_params(self):
+    """The parameters of `config.init_from`; with `config.init_length` (the source's max_length,
+    when shorter) its learned position tables are tiled to this run's length."""
+    config, params = self.config, self.state["params"]
+    target = checkpoint.abstract_like(params)
+    fewer = (self.trainer.model_cfg["max_length"] - int(config.init_length)
+             if config.get("init_length") else 0)
+    loaded, from_step = checkpoint.load_params(
+        config.init_from, embeddings.shorter_tables(target, fewer) if fewer else target)
+    if fewer:
+      loaded = embeddings.extend_tables(loaded, params)
+    print(f"Initialised the parameters from {config.init_from} (step {from_step}).", flush=True)
+    return loaded
+
+  def _abstract_params(self):
+    return checkpoint.abstract_like(self.state["params"])
+
+  # The loop.
+
+  def train(self) -> int | None:
+    """Takes the steps after the restored one, each followed by the periodic actions due;
+    returns the step it stopped at when `stop_now` said so, None when it reached the last."""
+    step, total = self.start_step, self.total_steps
+    stopped = self.stop_now(step)   # asked during start-up or compilation: no step at all
+    if not stopped:
+      for step in range(self.start_step + 1, total + 1):
+        self.take_step()
+        for periodic in self.periodic:
+          if periodic.due(step, total):
+            periodic.action(step)
+        if self.stop_now(step):
+          stopped = True
+          break
+    if self.bar is not None:
+      self.bar.close()
+    return step if stopped else None
+
+  def stop_now(self, step: int) -> bool:
+    """Whether to stop after `step` (the restored step before the first one is taken): whether
+    this process was asked to (Ctrl-C, SIGTERM). With several processes, this is where they
+    would agree on one step to stop at, so that all of them save the same step."""
+    del step
+    return self.stop.requested
+
+  def take_step(self) -> None:
+    batch = mesh_lib.global_batch(next(self.train_iter), self.trainer.mesh)
+    self.state, sums = self.trainer.train_step(self.state, batch, self.trainer.rest)
+    self.train_sums = metrics.add_sums(self.train_sums, sums)
+
+  def data_state(self) -> dict[str, Any]:
+    """What a checkpoint saves beside the train state: the iterator's position and the sums of
+    the open logging window."""
+    sums = None if self.train_sums is None else {
+        k: float(np.asarray(v)) for k, v in self.train_sums.items()}
+    self.lock.heartbeat()
+    return {"train_iterator": self.train_iter.get_state(), "train_sums": sums}
+
+  # The periodic actions.
+
+  def log_train_metrics(self, step: int) -> None:
+    """Writes the window's train metrics, with the rate and the learning rate; a new window."""
+    m = self.trainer.summarise({k: v for k, v in self.train_sums.items() if k != "grad_norm"})
+    now = time.perf_counter()
+    m["steps_per_second"] = self.config.log_every / max(now - self.t_log, 1e-9)
+    m["learning_rate"] = float(learning_rate_schedule(self.config)(step))
+    self.writer.write(step, "train", m)
+    self.last_loss, self.train_sums, self.t_log = m["loss"], None, now
+
+  def evaluate(self, step: int) -> None:
+    """Evaluates on validation (a line for it when there is no progress bar)."""
+    m = self.validate(step)
+    if self.bar is None:
+      print(f"step {step}: validation accuracy {m['accuracy']:.4f}", flush=True)
+
+  def save_checkpoint(self, step: int) -> None:
+    self.ckpt.save(step, self.state, self.data_state())
+
+  def call_hooks(self, step: int) -> None:
+    for hook in self.hooks:
+      hook(step)
+
+  def show_progress(self, step: int) -> None:
+    self.bar.update(step, self.last_loss)
+
+  # Evaluation and the end of the run.
+
+  def _eval_batches(self, split: str):
+    return pipeline.eval_batches(self.sources[split],
+                                 batch_size=self.eval_batch * jax.process_count(), **self.shard)
+
+  def validate(self, step: int) -> dict[str, float]:
+    """The validation metrics of the current parameters, written; a new best is saved."""
+    params = self.state["params"]
+    m = self.trainer.evaluate(params, self._eval_batches("validation"))
+    self.writer.write(step, "validation", m)
+    if self.task.better(m, self.best):
+      self.best = {"accuracy": m["accuracy"], "step": step, "loss": m["loss"]}
+      self.best_ckpt.save(step, {"params": params}, {"best": self.best}, force=True)
+    return m
+
+  def close(self) -> None:
+    self.ckpt.close()
+    self.best_ckpt.close()
+    self.writer.close()
+
+  def stopped(self, step: int) -> dict[str, Any]:
+    """Saves the step the run stopped at and says how to continue."""
+    saved = self.ckpt.save(step, self.state, self.data_state(), force=True)
+    self.close()
+    where = f"Saved a checkpoint at step {step} in {self.ckpt.directory}" if saved else \
+        f"Stopped at step {step} (its checkpoint is already in {self.ckpt.directory})"
+    print(f"{where}; rerun the same command to continue.", flush=True)
+    return {"interrupted": True, "step": step, "state": self.state}
+
+  def finish(self) -> dict[str, Any]:
+    """Saves the last step, evaluates, writes `results.json`; returns the results."""
+    total, task, trainer, state = self.total_steps, self.task, self.trainer, self.state
+    self.ckpt.save(total, state, self.data_state(), force=True)
+    final_val = self.validate(total)
+    chance = task.chance_reference()
+    chance_counts = None if chance is None else np.zeros(chance[1], np.int64)
+    test_final = trainer.evaluate(state["params"], self._eval_batches("test"),
+                                  chance_counts=chance_counts)
+    self.writer.write(total, "test", test_final)
+    if chance_counts is not None and jax.process_count() > 1:  # each process saw its own rows
+      chance_counts = np.asarray(multihost_utils.process_allgather(chance_counts)).sum(0)
+    best_params = self.best_ckpt.restore_latest({"params": self._abstract_params()})
+    test_best = test_final
+    if best_params is not None and self.best["step"] != total:
+      test_best = trainer.evaluate(best_params[0]["params"], self._eval_batches("test"))
+    results = {
+        "task": task.name,
+        "attention": self.config.model.attention.kind,
+        "steps": total,
+        "test_accuracy": test_best["accuracy"],
+        "test_loss": test_best["loss"],
+        "best_validation_accuracy": self.best["accuracy"],
+        "best_validation_step": self.best["step"],
+        "final_test_accuracy": test_final["accuracy"],
+        "final_validation_accuracy": final_val["accuracy"],
+        "test_examples": int(test_final["examples"]),
+        "param_count": trainer.param_count,
+        "wall_seconds_this_run": round(time.time() - self.started, 1),
+        "train_step_traces": trainer.traces,
+    }
+    if chance_counts is not None and chance_counts.sum():
+      results[chance[0]] = float(chance_counts.max() / chance_counts.sum())
+    results.update(task.result_fields(test_best=test_best, test_final=test_final,
+                                      final_validation=final_val, best=self.best))
+    if jax.process_index() == 0:   # one process writes the shared file
+      storage.write_json(storage.join(self.workdir, "results.json"), results)
+    self.close()
+    return {**results, "interrupted": False, "state": state}
+
+
+def run(trainer, config: ml_collections.ConfigDict, workdir: str, *,
+        hooks: Sequence[Callable[[int], None]], stop, lock, started: float) -> dict[str, Any]:
+  """Trains the allocated `trainer` on `config` in `workdir` from where its checkpoints left
+  off, then evaluates; `stop.requested` asks it to save and stop, `lock.heartbeat()` is called
+  at each save, `started` is the `time.time()` the run's wall time counts from."""
+  r = Run(trainer, config, workdir, hooks=hooks, stop=stop, lock=lock, started=started)
+  step = r.train()
+  return r.finish() if step is None else r.stopped(step)
