@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention import relative
+from attention import kinds, relative
 
 COMPRESSIONS = ("mean", "max", "conv")
 
@@ -82,14 +82,15 @@ def _project(mha, x, name):
 
 def attend(mha, x, prefix, query_valid, key_valid, clamp_len=0):
   """The layer `mha` (relative positions) over [prefix; x]: x `[B, L, E]`, prefix `[B, P, E]`."""
-  if mha.pos_kind != "relative" or mha.kind not in ("dot_product", "band"):
-    raise ValueError("memory needs pos_emb='relative' with attention dot_product or band, not "
+  if mha.pos_kind != "relative" or not mha.record.memory:
+    memory_kinds = " or ".join(kinds.names_where(lambda k: k.memory))
+    raise ValueError(f"memory needs pos_emb='relative' with attention {memory_kinds}, not "
                      f"{mha.kind!r} with pos_emb={mha.pos_kind!r}.")
   full = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
   q = _project(mha, x, "query")
   k, v = _project(mha, full, "key"), _project(mha, full, "value")
   window = None
-  if mha.kind == "band":
+  if "window" in mha.args:     # a band layer: its window, as far as the memory reaches
     window = int(mha.args["window"]) * int(mha.args.get("dilation", 1) or 1)
   out = memory_attention(q, k, v, u=mha.u[...], v_bias=mha.v_bias[...], w_r=mha.w_r[...],
                          key_valid=key_valid, query_valid=query_valid, window=window,
