@@ -1,4 +1,4 @@
-"""Tests of the codebase's layout rules (shared/DESIGN.md): which room may import which, configs
+"""Tests of the codebase's layout rules (the Layout table of README.md): which room may import which, configs
 that load neither jax nor tensorflow_datasets, no per-family branches in the trainer, file sizes,
 no import cycle anywhere, and attention, models and lra never importing configs or launch.
 
