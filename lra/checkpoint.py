@@ -7,8 +7,10 @@ Resuming picks the latest step that restores and matches its checksums; a step t
 (missing, partial or damaged files) is reported in one line and the previous one is tried; when
 the workdir has checkpoints and none restores, `CheckpointError` is raised rather than silently
 starting from scratch. Orbax writes each step to a temporary directory and renames it when
-complete; a temporary directory left by a killed or failed save is never a finished step, and is
-removed when the checkpointer opens the directory.
+complete (in a `gs://` bucket: in place, then a `commit_success.txt` file); what a killed or
+failed save leaves is never a finished step, and is removed when the checkpointer opens the
+directory. A failed save is reported by its exception alone: what orbax and its abandoned
+writes report is dropped (`_quiet_save`).
 
 Checksums (`fingerprint`): for every array, the sum of its bits as uint32 words and the sum of
 those words times odd position weights, both modulo 2^32, computed on device. Integer sums do
@@ -19,11 +21,11 @@ count, and any change of one byte of one array changes it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
 import sys
-import tempfile
 from typing import Any
 
 import jax
@@ -33,7 +35,7 @@ import orbax.checkpoint as ocp
 
 from lra import storage
 
-TMP_MARKER = ".orbax-checkpoint-tmp"   # orbax's suffix for a step directory being written
+TMP_MARKER = ocp.path.step.TMP_DIR_SUFFIX   # of a step being written to a local disk
 CHECKSUMS = "checksums"                # key of the state's checksums in the `data` item
 
 class CheckpointError(RuntimeError):
@@ -85,7 +87,8 @@ def checksums(state: Any) -> dict[str, str]:
 
 @contextlib.contextmanager
 def _quiet_orbax():
-  """Orbax logs a traceback for every failed restore; the checkpointer reports one line."""
+  """Drops orbax's log records (it logs through absl's logger) for the block: a failed restore
+  is reported in one line by the checkpointer, not by orbax's tracebacks."""
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
   absl_logger.setLevel(logging.CRITICAL)
@@ -93,6 +96,34 @@ def _quiet_orbax():
     yield
   finally:
     absl_logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _quiet_save():
+  """A failed save is reported by its exception alone. While it runs, orbax's log records are
+  dropped (absl's logger), and so are the "Event loop is closed" errors of tensorstore's
+  completions into event loops that orbax has closed (Python hands them to
+  `sys.unraisablehook`): writes that a failing save abandoned. When it fails they stay dropped,
+  with asyncio's reports of the abandoned futures, for the rest of the process: those writes
+  go on failing until it ends."""
+  absl_logger = logging.getLogger("absl")
+  level, hook = absl_logger.level, sys.unraisablehook
+  absl_logger.setLevel(logging.CRITICAL)
+  sys.unraisablehook = functools.partial(_unless_loop_closed, hook)
+  try:
+    yield
+  except BaseException:
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    raise
+  absl_logger.setLevel(level)
+  sys.unraisablehook = hook
+
+
+def _unless_loop_closed(hook, unraisable) -> None:
+  """Hands `unraisable` to `hook` unless it is an abandoned write's "Event loop is closed"."""
+  error = unraisable.exc_value
+  if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+    hook(unraisable)
 
 
 _terminal: tuple[int, tuple[int, int]] | None = None
@@ -105,43 +136,9 @@ def _identity(fd: int) -> tuple[int, int]:
   return st.st_dev, st.st_ino
 
 
-@contextlib.contextmanager
-def _stderr_kept_for(log_path: str):
-  """Holds back what is written to stderr (file descriptor 2, so orbax's and tensorstore's
-  threads too) while a save runs: replayed when it succeeds. When it fails, the held text and
-  everything written to descriptor 2 from then on (orbax's abandoned tasks keep reporting
-  while the error travels up and when the interpreter shuts down) go to `log_path`, and the
-  caller's one line reaches the user through `report`."""
-  sys.stderr.flush()
-  saved = os.dup(2)
-  failed = False
-  with tempfile.TemporaryFile() as held:
-    os.dup2(held.fileno(), 2)
-    try:
-      yield
-    except BaseException:
-      failed = True
-      raise
-    finally:
-      sys.stderr.flush()
-      if failed:   # straight from the held file to the log: nothing slips through meanwhile
-        stderr_to(log_path, terminal=saved)
-      else:
-        os.dup2(saved, 2)
-      os.close(saved)
-      held.seek(0)
-      text = held.read()
-      try:
-        if text:
-          os.write(2, text)
-      except OSError:
-        pass   # the disk may be the very thing that is full
-
-
-def stderr_to(log_path: str, terminal: int = 2) -> None:
+def stderr_to(log_path: str) -> None:
   """Sends what is written to descriptor 2 from now on to `log_path` (or nowhere, when it
-  cannot be opened); `report` still reaches the user's stderr (`terminal`, a descriptor of it,
-  when descriptor 2 is already elsewhere)."""
+  cannot be opened); `report` still reaches the user's stderr."""
   global _terminal
   sys.stderr.flush()
   try:
@@ -151,8 +148,8 @@ def stderr_to(log_path: str, terminal: int = 2) -> None:
   if _terminal is None or _identity(2) != _terminal[1]:
     if _terminal is not None:
       os.close(_terminal[0])
-    _terminal = (os.dup(terminal), _identity(fd))
-  else:
+    _terminal = (os.dup(2), _identity(fd))
+  else:   # sent away already: the copy of the user's stderr is kept
     _terminal = (_terminal[0], _identity(fd))
   os.dup2(fd, 2)
   os.close(fd)
@@ -169,16 +166,26 @@ def report(line: str) -> None:
 
 
 def remove_unfinished(directory: str) -> list[str]:
-  """Removes orbax's temporary step directories (saves that never finished); returns them."""
+  """Removes the saves that never finished and returns their names: what orbax takes for
+  temporary, on a local disk a `<step>.orbax-checkpoint-tmp...` folder, in a `gs://` bucket
+  (where orbax writes the step in place and then `commit_success.txt`) a step folder without
+  that file. Process 0 only.
+
+  Orbax's own `cleanup_tmp_directories` option removes the same folders (it lists them with the
+  same function), but in a thread that the manager's constructor starts and only its first save
+  waits for: the restore and `restore_latest`'s check for unfinished steps would run while it
+  deletes, and it does not say what it removed."""
   if jax.process_index() != 0 or not storage.isdir(directory):
     return []
-  removed = [d for d in storage.listdir(directory) if TMP_MARKER in d]
-  for name in removed:
+  removed = []
+  for temporary in ocp.path.step.all_temporary_paths(directory):
+    path = temporary.get()
     try:
-      storage.rmtree(storage.join(directory, name))
+      storage.rmtree(str(path))
     except OSError:
       pass   # removed meanwhile, or not removable: orbax ignores it as well
-  return removed
+    removed.append(path.name)
+  return sorted(removed)
 
 
 class Checkpointer:
@@ -195,13 +202,6 @@ class Checkpointer:
         max_to_keep=int(keep), create=True, enable_async_checkpointing=False)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_names=("state", "data"))
-
-  def _error_log(self) -> str:
-    """Where a failed save's held-back stderr goes: `<workdir>/error.log`, on this machine
-    (`error.log` in the current folder when the workdir is a bucket)."""
-    if storage.is_remote(self.directory):
-      return "error.log"
-    return os.path.join(os.path.dirname(self.directory), "error.log")
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -221,7 +221,7 @@ class Checkpointer:
     if step in self.manager.all_steps():
       return False
     data_state = {**data_state, CHECKSUMS: checksums(state)}
-    with _stderr_kept_for(self._error_log()):
+    with _quiet_save():
       self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
       self.manager.wait_until_finished()

@@ -168,9 +168,11 @@ def test_a_failure_traceback_goes_to_the_bucket(bucket):
 
 
 def test_unfinished_checkpoint_saves_in_a_bucket_are_removed(bucket):
+  # In a bucket orbax writes a step in place and finishes it with commit_success.txt.
   steps = bucket / "b" / "run" / "checkpoints"
   (steps / "4").mkdir(parents=True)
-  (steps / f"6{checkpoint.TMP_MARKER}").mkdir()
-  (steps / f"6{checkpoint.TMP_MARKER}" / "part").write_text("x")
-  assert checkpoint.remove_unfinished("gs://b/run/checkpoints") == [f"6{checkpoint.TMP_MARKER}"]
+  (steps / "4" / "commit_success.txt").write_text("done")
+  (steps / "6" / "state").mkdir(parents=True)
+  (steps / "6" / "state" / "part").write_text("x")
+  assert checkpoint.remove_unfinished("gs://b/run/checkpoints") == ["6"]
   assert os.listdir(steps) == ["4"]
