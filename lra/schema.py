@@ -13,9 +13,13 @@ layer's kind supports (relative positions, a memory, the sequence split: its rec
 the Transformer-XL / compressive memory settings. A field a config lacks is not checked. What
 needs jax (the global batch against the device count) is left to the trainer.
 
+The model settings' names and rules (pos_emb, pool, remat, dtype, qkv_dim against num_heads,
+rotary's even head dimension, the sublayer order) are those of `models.settings`, which the
+model constructors apply too: one rule, one message, wherever it is found.
+
 This module belongs to the trainer side and imports only ml_collections, the attention kinds'
-records and the standard library, never jax, so the config files (`configs/`) and the command
-line can use it and checking a config is instant.
+records, the model settings and the standard library, never jax, so the config files
+(`configs/`) and the command line can use it and checking a config is instant.
 """
 
 from __future__ import annotations
@@ -26,16 +30,12 @@ from typing import Any, Callable, Mapping
 import ml_collections
 
 from attention import kinds
+from models import settings as model_settings
+from models.settings import DTYPES, POOLINGS, POSITIONS, REMATS
 
-# The names the trainer and the models accept (lra/train.py, models/embeddings.py,
-# models/encoder.py; tests/validate_test.py checks they agree).
+# The learning-rate schedules of the trainer (lra/optim.py; tests/schema_test.py checks they
+# agree). The models' names (POSITIONS, POOLINGS, DTYPES, REMATS) are models.settings'.
 SCHEDULES = ("rsqrt", "cosine", "constant")
-POSITIONS = ("sinusoidal", "learned", "none", "rotary", "infused", "relative")
-POOLINGS = ("cls", "mean")
-# `config.remat`: "none", "block" (recompute each block in the backward pass) or a policy of
-# `jax.checkpoint_policies` that keeps some of a block's values (models/encoder.py REMAT).
-DTYPES = ("float32", "bfloat16")
-REMATS = ("none", "block", "dots_saveable", "dots_with_no_batch_dims_saveable")
 MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 COMPRESSIONS = ("mean", "max", "conv")   # the Compressive Transformer's compression functions
 
@@ -70,6 +70,12 @@ def one_of(*names: str) -> Rule:
   return (lambda v: v in names), f"must be one of {', '.join(names)}"
 
 
+def _model_choice(setting: str) -> tuple[str, Rule, str]:
+  """The FIELDS row of a named model setting (`models.settings.CHOICES`)."""
+  field, names, meaning = model_settings.CHOICES[setting]
+  return field[len("config."):], one_of(*names), meaning
+
+
 POSITIVE, NON_NEGATIVE = at_least(1), at_least(0)
 
 # (field, rule, what the field means)
@@ -90,9 +96,8 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("adam_b1", number(0, 1), "Adam's first-moment decay"),
     ("adam_b2", number(0, 1), "Adam's second-moment decay"),
     ("adam_eps", number(0, strict=True), "Adam's denominator epsilon"),
-    ("remat", one_of(*REMATS), "what each block keeps for the backward pass (none keeps "
-     "everything; block recomputes the block; dots_* keep only matmul outputs)"),
-    ("dtype", one_of(*DTYPES), "the activations' dtype (parameters stay float32)"),
+    _model_choice("remat"),
+    _model_choice("dtype"),
     ("init_length", NON_NEGATIVE, "the max_length of the init_from run when shorter (its "
      "learned positions are tiled); 0 = the same length"),
     ("pretrain.steps", NON_NEGATIVE, "self-pretraining steps of protocol spt; 0 = half"),
@@ -107,10 +112,10 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("model.mlp_dim", POSITIVE, "the hidden width of each block's MLP"),
     ("model.classifier_dim", POSITIVE, "the hidden width of the classifier head"),
     ("model.dropout", number(0, 1), "the dropout rate"),
-    ("model.pos_emb", one_of(*POSITIONS), "the position embedding"),
+    _model_choice("pos_emb"),
     ("model.rotary_base", number(0, strict=True), "the base of the rotary frequencies; the "
      "longest wavelength is 2 pi base tokens"),
-    ("model.pool", one_of(*POOLINGS), "how the classifier pools the sequence"),
+    _model_choice("pool"),
     ("data.max_length", POSITIVE, "tokens per training sequence"),
     ("data.eval_length", NON_NEGATIVE, "the evaluation window; 0 means data.max_length"),
     ("data.eval_context", NON_NEGATIVE, "tokens of context before each scored evaluation span"),
@@ -142,11 +147,7 @@ def _check_fields(config: ml_collections.ConfigDict, prefix: str = "") -> None:
 
 
 def _check_heads(model: Any) -> None:
-  heads, qkv = model.get("num_heads"), model.get("qkv_dim")
-  if heads and qkv and qkv % heads:
-    raise ValueError(f"config.model.qkv_dim = {qkv!r}: must be a multiple of "
-                     f"config.model.num_heads = {heads} (each head gets qkv_dim // num_heads "
-                     f"features).")
+  model_settings.check_heads(model.get("num_heads"), model.get("qkv_dim"))
 
 
 def _check_mesh(mesh: Any) -> None:
@@ -202,27 +203,14 @@ def _attention_sublayers(model: Any) -> int:
 
 def _check_order(model: Any) -> None:
   """model.sublayers (a string of s and f) and model.sandwich (k in [0, num_layers - 1])."""
-  sublayers, sandwich = model.get("sublayers", ""), model.get("sandwich", 0)
-  if not isinstance(sublayers, str) or set(sublayers) - set("sf"):
-    raise ValueError(f"config.model.sublayers = {sublayers!r}: must be a string of 's' "
-                     f"(self-attention) and 'f' (feed-forward) only, or '' for 'sf' * num_layers "
-                     f"(the sublayer order).")
-  n = model.get("num_layers") or 1
-  if not (_is_int(sandwich) and 0 <= sandwich <= n - 1):
-    raise ValueError(f"config.model.sandwich = {sandwich!r}: must be an integer in [0, {n - 1}] "
-                     f"(num_layers - 1; the Sandwich coefficient k of s^k (sf)^(n-k) f^k).")
-  if sublayers and sandwich:
-    raise ValueError(f"config.model.sandwich = {sandwich!r}: give config.model.sublayers or "
-                     f"config.model.sandwich, not both (sublayers = {sublayers!r}).")
+  model_settings.check_order(model.get("num_layers"), model.get("sublayers", ""),
+                             model.get("sandwich", 0))
 
 
 def _check_positions(model: Any) -> None:
   """Relative positions only with the kinds that compute them; rotary needs even head dims."""
   pos = model.get("pos_emb")
-  heads, qkv = model.get("num_heads"), model.get("qkv_dim")
-  if pos == "rotary" and heads and qkv and (qkv // heads) % 2:
-    raise ValueError(f"config.model.pos_emb = 'rotary': needs an even head dimension, but "
-                     f"qkv_dim / num_heads = {qkv // heads}.")
+  model_settings.check_rotary(pos, model.get("num_heads"), model.get("qkv_dim"))
   if pos != "relative" or "attention" not in model:
     return
   default = model.attention.get("kind")

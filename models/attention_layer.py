@@ -30,8 +30,9 @@ from flax import nnx
 import attention
 from attention import kinds
 from attention import relative, rotary
-from models import attention_extras, sequence
-from models.embeddings import IN_LAYER, sinusoidal_table
+from models import attention_extras, sequence, settings
+from models.embeddings import sinusoidal_table
+from models.settings import IN_LAYER
 from models.sharding import param
 
 
@@ -72,8 +73,7 @@ class MultiHeadAttention(nnx.Module):
                max_length: int, causal: bool = False, shared_extras: nnx.Module | None = None,
                layer_index: int = 0, positions: Mapping[str, Any] | None = None,
                rngs: nnx.Rngs):
-    if qkv_dim % num_heads:
-      raise ValueError(f"qkv_dim ({qkv_dim}) must be a multiple of num_heads ({num_heads}).")
+    settings.check_heads(num_heads, qkv_dim)
     self.kind, args = split_spec(spec)
     record = self.record = kinds.get(self.kind)
     if causal:
@@ -95,9 +95,7 @@ class MultiHeadAttention(nnx.Module):
     self.pos_kind = positions.get("kind", "none")
     self.pos_kind = self.pos_kind if self.pos_kind in IN_LAYER else "none"
     self.rotary_base = float(positions.get("rotary_base", rotary.DEFAULT_BASE))
-    if self.pos_kind == "rotary" and head_dim % 2:
-      raise ValueError(f"pos_emb='rotary' needs an even head dimension (qkv_dim / num_heads = "
-                       f"{head_dim}).")
+    settings.check_rotary(self.pos_kind, num_heads, qkv_dim)
     if self.pos_kind == "relative":
       if record.relative is None:
         relative_kinds = kinds.names_where(lambda k: k.relative)

@@ -13,21 +13,22 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.encoder import POOLINGS, Encoder, dense, pool
+from models.encoder import Encoder, dense, pool
+from models.settings import ModelSettings
 
 
 class DualEncoder(nnx.Module):
   """Shared-weight two-tower classifier. `cfg` as for `Classifier`."""
 
-  def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
-    if cfg["pool"] not in POOLINGS:
-      raise ValueError(f"unknown pooling {cfg['pool']!r}; valid: {', '.join(POOLINGS)}.")
-    self.pool_kind = cfg["pool"]
-    self.encoder = Encoder(cfg, cls_token=cfg["pool"] == "cls", rngs=rngs)
-    hidden = cfg["classifier_dim"]
-    self.hidden1 = dense(rngs, 4 * cfg["emb_dim"], hidden, ("embed", "mlp"))
+  def __init__(self, cfg: ModelSettings | Mapping[str, Any], *, rngs: nnx.Rngs):
+    s = ModelSettings.from_mapping(cfg)
+    s.require("pool", "classifier_dim", "num_classes", model="the dual encoder")
+    self.pool_kind = s.pool
+    self.encoder = Encoder(s, cls_token=s.pool == "cls", rngs=rngs)
+    hidden = s.classifier_dim
+    self.hidden1 = dense(rngs, 4 * s.emb_dim, hidden, ("embed", "mlp"))
     self.hidden2 = dense(rngs, hidden, hidden // 2, ("mlp", None))
-    self.head = dense(rngs, hidden // 2, cfg["num_classes"], (None, None))
+    self.head = dense(rngs, hidden // 2, s.num_classes, (None, None))
 
   def encode(self, tokens: jax.Array, *, rng=None) -> jax.Array:
     """tokens `[B, L]` -> pooled `[B, E]`."""

@@ -2,8 +2,8 @@
 
 Token ids are `[B, L]` int32 with 0 = padding; embeddings are `[B, L, E]`. Position embeddings
 are either fixed sinusoids (Vaswani et al.; the LRA default) or a learned table of
-`max_length` rows. `POSITION_KINDS` lists the valid names for `config.model.pos_emb`; the
-`IN_LAYER` ones add nothing here: each attention layer applies them to its queries and keys
+`max_length` rows. `models.settings.POSITIONS` lists the valid names for `config.model.pos_emb`;
+the `IN_LAYER` ones add nothing here: each attention layer applies them to its queries and keys
 (`models.attention_layer`; docs/positions.md). `extend_table` tiles a learned table trained at a
 shorter length (Longformer's recipe for longer inputs).
 """
@@ -15,10 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models import settings
+from models.settings import IN_LAYER
 from models.sharding import param
-
-POSITION_KINDS = ("sinusoidal", "learned", "none", "rotary", "infused", "relative")
-IN_LAYER = ("rotary", "infused", "relative")
 
 
 def sinusoidal_table(length: int, dim: int, max_scale: float = 10000.0) -> np.ndarray:
@@ -50,12 +49,10 @@ class TokenEmbedding(nnx.Module):
 
 
 class PositionEmbedding(nnx.Module):
-  """Adds position information to `[B, L, E]` embeddings; `kind` is one of POSITION_KINDS."""
+  """Adds position information to `[B, L, E]` embeddings; `kind` is one of settings.POSITIONS."""
 
   def __init__(self, kind: str, max_length: int, emb_dim: int, *, rngs: nnx.Rngs):
-    if kind not in POSITION_KINDS:
-      raise ValueError(
-          f"unknown position embedding {kind!r}; valid kinds: {', '.join(POSITION_KINDS)}.")
+    settings.check_choice("pos_emb", kind)
     self.kind = kind
     self.max_length = max_length
     if kind == "learned":

@@ -8,11 +8,14 @@ token or a padding-aware mean) and applies Dense -> ReLU -> Dense, as in LRA.
 Randomness is explicit: `rng` is a key in training (dropout, LSH hashing) and None in eval.
 Token id 0 is padding everywhere.
 
-`cfg["sublayers"]` (a string of "s" = self-attention and "f" = feed-forward sublayers, or "")
-and `cfg["sandwich"]` (k: s^k (sf)^(n-k) f^k) reorder the sublayers (Press et al. 2020,
-`sublayer_order`); the default interleaved order builds `Block`s as before.
+The models take a `ModelSettings` (models/settings.py) or the mapping it is made from, once, at
+their entry; the settings hold the valid names and the rules, so nothing here checks them again.
 
-`cfg["remat"]` trades compute for memory in the backward pass: "none" keeps every block's
+`sublayers` (a string of "s" = self-attention and "f" = feed-forward sublayers, or "") and
+`sandwich` (k: s^k (sf)^(n-k) f^k) reorder the sublayers (Press et al. 2020,
+`settings.sublayer_order`); the default interleaved order builds `Block`s as before.
+
+`remat` trades compute for memory in the backward pass: "none" keeps every block's
 activations; "block" keeps only each block's input and recomputes the block (`nnx.remat`);
 "dots_saveable" and "dots_with_no_batch_dims_saveable" recompute the block but keep the matmul
 outputs that `jax.checkpoint_policies` of that name saves. The values are the same in all cases.
@@ -20,26 +23,29 @@ outputs that `jax.checkpoint_policies` of that name saves. The values are the sa
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import attention_extras, sequence
+from models import attention_extras, sequence, settings
 from models.attention_layer import MultiHeadAttention, split_spec
 from models.embeddings import PositionEmbedding, TokenEmbedding
+from models.settings import ModelSettings, layer_specs, sublayer_order  # noqa: F401
 from models.sharding import metadata, param
 
-POOLINGS = ("cls", "mean")
-DTYPES = ("float32", "bfloat16")
-# config.remat -> the jax.checkpoint policy of each block (None: no rematerialisation).
-REMAT = {
-    "none": None,
-    "block": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+
+def _policy(remat: str):
+  """The jax.checkpoint policy of a `settings.REMATS` name: None (no rematerialisation) for
+  "none", nothing_saveable for "block", else the `jax.checkpoint_policies` of that name."""
+  if remat == "none":
+    return None
+  return getattr(jax.checkpoint_policies, "nothing_saveable" if remat == "block" else remat)
+
+
+# settings.REMATS name -> the jax.checkpoint policy of each block.
+REMAT = {name: _policy(name) for name in settings.REMATS}
 
 
 def _apply_block(block, x, key_mask, rng):
@@ -52,8 +58,7 @@ def block_runner(remat: str):
   The rematerialised block is a pure function of its state (`nnx.split`) under
   `jax.checkpoint`; blocks change no state when called, so nothing is written back.
   """
-  if remat not in REMAT:
-    raise ValueError(f"remat={remat!r}; valid: {', '.join(REMAT)}.")
+  settings.check_choice("remat", remat)
   policy = REMAT[remat]
   if policy is None:
     return _apply_block
@@ -97,34 +102,11 @@ def layer_norm(rngs: nnx.Rngs, dim: int, dtype=None) -> nnx.LayerNorm:
                        bias_metadata=metadata(("embed",)), dtype=dtype)
 
 
-def compute_dtype(cfg: Mapping[str, Any]):
+def compute_dtype(cfg: ModelSettings | Mapping[str, Any]):
   """The activations' dtype (`config.dtype`): float32, or bfloat16 with float32 parameters."""
-  name = str(cfg.get("dtype", "float32"))
-  if name not in DTYPES:
-    raise ValueError(f"dtype={name!r}; valid: {', '.join(DTYPES)}.")
+  name = cfg.dtype if isinstance(cfg, ModelSettings) else str(cfg.get("dtype", "float32"))
+  settings.check_choice("dtype", name)
   return jnp.dtype(name)
-
-
-def layer_specs(attention: Mapping[str, Any], layer_attention: Sequence[Mapping[str, Any]],
-                num_layers: int) -> list[dict[str, Any]]:
-  """One attention spec per layer: `attention` updated by `layer_attention[i]` when given.
-
-  For example windows growing with depth: `layer_attention=({"window": 8}, {"window": 32})`.
-  """
-  layer_attention = list(layer_attention or ())
-  if len(layer_attention) not in (0, num_layers):
-    raise ValueError(
-        f"layer_attention has {len(layer_attention)} entries but the model has {num_layers} "
-        f"layers: give one dict per layer (empty dicts keep the default) or none at all.")
-  specs = []
-  for i in range(num_layers):
-    spec = dict(attention)
-    override = dict(layer_attention[i]) if layer_attention else {}
-    if "kind" in override and override["kind"] != spec.get("kind"):
-      spec = {}  # a different kind does not inherit the default kind's arguments
-    spec.update(override)
-    specs.append(spec)
-  return specs
 
 
 class MLP(nnx.Module):
@@ -141,41 +123,19 @@ class MLP(nnx.Module):
     return self.fc2(dropout(h, self.dropout_rate, rng))                    # [B, L, E]
 
 
-def sublayer_order(num_layers: int, sublayers: str = "", sandwich: int = 0) -> str:
-  """The sublayer string: `sublayers` when given, else s^k (sf)^(n-k) f^k for k = `sandwich`
-  (k = 0: the interleaved "sf" * n)."""
-  if sublayers:
-    if set(sublayers) - set("sf"):
-      raise ValueError(f"sublayers={sublayers!r}: must be a string of 's' (self-attention) and "
-                       f"'f' (feed-forward) only.")
-    if sandwich:
-      raise ValueError("give sublayers or sandwich, not both.")
-    return sublayers
-  if not 0 <= sandwich < max(num_layers, 1):
-    raise ValueError(f"sandwich={sandwich}: must be in [0, {num_layers - 1}] (num_layers - 1).")
-  k = sandwich
-  return "s" * k + "sf" * (num_layers - k) + "f" * k
-
-
-def positions_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
-  """What an attention layer needs of `config.model.pos_emb` (see models/attention_layer.py)."""
-  return {"kind": cfg.get("pos_emb", "none"), "rotary_base": cfg.get("rotary_base", 10000.0)}
-
-
-def _attention(cfg, spec, *, max_length, causal, shared_extras, layer_index, rngs):
+def _attention(s: ModelSettings, spec, *, max_length, causal, shared_extras, layer_index, rngs):
   return MultiHeadAttention(
-      cfg["emb_dim"], cfg["num_heads"], cfg["qkv_dim"], spec, max_length=max_length,
-      causal=causal, shared_extras=shared_extras, layer_index=layer_index,
-      positions=positions_of(cfg), rngs=rngs)
+      s.emb_dim, s.num_heads, s.qkv_dim, spec, max_length=max_length, causal=causal,
+      shared_extras=shared_extras, layer_index=layer_index, positions=s.positions, rngs=rngs)
 
 
 class AttentionSublayer(nnx.Module):
   """x + Dropout(Attention(LN(x))): an "s" of a reordered stack."""
 
-  def __init__(self, cfg: Mapping[str, Any], spec: Mapping[str, Any], *, rngs: nnx.Rngs, **kw):
-    self.ln_attn = layer_norm(rngs, cfg["emb_dim"], compute_dtype(cfg))
-    self.attention = _attention(cfg, spec, rngs=rngs, **kw)
-    self.dropout_rate = cfg["dropout"]
+  def __init__(self, s: ModelSettings, spec: Mapping[str, Any], *, rngs: nnx.Rngs, **kw):
+    self.ln_attn = layer_norm(rngs, s.emb_dim, compute_dtype(s))
+    self.attention = _attention(s, spec, rngs=rngs, **kw)
+    self.dropout_rate = s.dropout
 
   def __call__(self, x: jax.Array, key_mask, *, rng=None) -> jax.Array:
     h = self.attention(self.ln_attn(x), key_mask, rng=_fold(rng, 0))
@@ -185,11 +145,10 @@ class AttentionSublayer(nnx.Module):
 class FeedForwardSublayer(nnx.Module):
   """x + Dropout(MLP(LN(x))): an "f" of a reordered stack."""
 
-  def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
-    self.ln_mlp = layer_norm(rngs, cfg["emb_dim"], compute_dtype(cfg))
-    self.mlp = MLP(cfg["emb_dim"], cfg["mlp_dim"], cfg["dropout"], rngs=rngs,
-                   dtype=compute_dtype(cfg))
-    self.dropout_rate = cfg["dropout"]
+  def __init__(self, s: ModelSettings, *, rngs: nnx.Rngs):
+    self.ln_mlp = layer_norm(rngs, s.emb_dim, compute_dtype(s))
+    self.mlp = MLP(s.emb_dim, s.mlp_dim, s.dropout, rngs=rngs, dtype=compute_dtype(s))
+    self.dropout_rate = s.dropout
 
   def __call__(self, x: jax.Array, key_mask, *, rng=None) -> jax.Array:
     h = self.mlp(self.ln_mlp(x), rng=_fold(rng, 2))
@@ -199,17 +158,17 @@ class FeedForwardSublayer(nnx.Module):
 class Block(nnx.Module):
   """Pre-LayerNorm transformer block."""
 
-  def __init__(self, cfg: Mapping[str, Any], spec: Mapping[str, Any], *, max_length: int,
+  def __init__(self, s: ModelSettings, spec: Mapping[str, Any], *, max_length: int,
                causal: bool = False, shared_extras=None, layer_index: int = 0,
                rngs: nnx.Rngs):
-    e = cfg["emb_dim"]
-    dtype = compute_dtype(cfg)
+    e = s.emb_dim
+    dtype = compute_dtype(s)
     self.ln_attn = layer_norm(rngs, e, dtype)
-    self.attention = _attention(cfg, spec, max_length=max_length, causal=causal,
+    self.attention = _attention(s, spec, max_length=max_length, causal=causal,
                                 shared_extras=shared_extras, layer_index=layer_index, rngs=rngs)
     self.ln_mlp = layer_norm(rngs, e, dtype)
-    self.mlp = MLP(e, cfg["mlp_dim"], cfg["dropout"], rngs=rngs, dtype=dtype)
-    self.dropout_rate = cfg["dropout"]
+    self.mlp = MLP(e, s.mlp_dim, s.dropout, rngs=rngs, dtype=dtype)
+    self.dropout_rate = s.dropout
 
   def __call__(self, x: jax.Array, key_mask, *, rng=None) -> jax.Array:
     h = self.attention(self.ln_attn(x), key_mask, rng=_fold(rng, 0))        # [B, L, E]
@@ -239,7 +198,7 @@ def run_blocks(blocks, x, key_mask, rng, remat: str):
     for i, block in enumerate(blocks):
       x = run(block, x, key_mask, _fold(rng, i + 1))
     return x
-  block_runner(remat)  # checks the name
+  settings.check_choice("remat", remat)
   stacked = jax.tree.map(lambda *a: jnp.stack(a), *(state for _, state in split))
   keys = None if rng is None else jnp.stack([_fold(rng, i + 1) for i in range(len(blocks))])
 
@@ -255,46 +214,46 @@ def run_blocks(blocks, x, key_mask, rng, remat: str):
 class Encoder(nnx.Module):
   """Embeddings + blocks + final LayerNorm; optionally prepends a learned CLS token.
 
-  `cfg` fields: vocab_size, max_length, emb_dim, num_heads, qkv_dim, mlp_dim, num_layers,
-  dropout, pos_emb, attention (dict), layer_attention (sequence of dicts).
+  `cfg`: a `ModelSettings` or its mapping (vocab_size, max_length, emb_dim, num_heads, qkv_dim,
+  mlp_dim, num_layers, dropout, pos_emb, attention (dict), layer_attention (sequence of dicts),
+  and optionally rotary_base, sublayers, sandwich, remat, dtype).
   """
 
-  def __init__(self, cfg: Mapping[str, Any], *, cls_token: bool = False, causal: bool = False,
-               rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelSettings | Mapping[str, Any], *, cls_token: bool = False,
+               causal: bool = False, rngs: nnx.Rngs):
+    s = ModelSettings.from_mapping(cfg)
     self.cls_token = cls_token
-    max_length = cfg["max_length"] + int(cls_token)
-    self.embed = TokenEmbedding(cfg["vocab_size"], cfg["emb_dim"], rngs=rngs)
-    self.positions = PositionEmbedding(cfg["pos_emb"], max_length, cfg["emb_dim"], rngs=rngs)
+    max_length = s.max_length + int(cls_token)
+    self.embed = TokenEmbedding(s.vocab_size, s.emb_dim, rngs=rngs)
+    self.positions = PositionEmbedding(s.pos_emb, max_length, s.emb_dim, rngs=rngs)
     if cls_token:
-      self.cls = param(rngs, nnx.initializers.zeros_init(), (cfg["emb_dim"],), ("embed",))
-    order = sublayer_order(cfg["num_layers"], str(cfg.get("sublayers", "") or ""),
-                           int(cfg.get("sandwich", 0) or 0))
-    interleaved = order == "sf" * cfg["num_layers"]
-    specs = layer_specs(cfg["attention"], cfg.get("layer_attention", ()), order.count("s"))
+      self.cls = param(rngs, nnx.initializers.zeros_init(), (s.emb_dim,), ("embed",))
+    order = s.order
+    interleaved = order == "sf" * s.num_layers
     shared = {}
     blocks = []
-    for i, spec in enumerate(specs):
+    for i, spec in enumerate(s.layer_specs()):
       kind, args = split_spec(spec)
       extras = None
       cls = attention_extras.extras_class(kind)
       if cls is not None and cls.shared_across_layers(args):
         if kind not in shared:  # built once, before the first such layer's own parameters
           shared[kind] = attention_extras.make_extras(
-              kind, args, num_heads=cfg["num_heads"],
-              head_dim=cfg["qkv_dim"] // cfg["num_heads"], max_length=max_length, rngs=rngs)
+              kind, args, num_heads=s.num_heads, head_dim=s.head_dim, max_length=max_length,
+              rngs=rngs)
         extras = shared[kind]
-      blocks.append(Block(cfg, spec, max_length=max_length, causal=causal,
+      blocks.append(Block(s, spec, max_length=max_length, causal=causal,
                           shared_extras=extras, layer_index=i, rngs=rngs) if interleaved else
-                    AttentionSublayer(cfg, spec, max_length=max_length, causal=causal,
+                    AttentionSublayer(s, spec, max_length=max_length, causal=causal,
                                       shared_extras=extras, layer_index=i, rngs=rngs))
     if not interleaved:  # the reordered stack: attention sublayers in order, MLPs between
       attn = iter(blocks)
-      blocks = [next(attn) if c == "s" else FeedForwardSublayer(cfg, rngs=rngs) for c in order]
+      blocks = [next(attn) if c == "s" else FeedForwardSublayer(s, rngs=rngs) for c in order]
     self.blocks = nnx.List(blocks)
-    self.ln_final = layer_norm(rngs, cfg["emb_dim"], compute_dtype(cfg))
-    self.dtype = compute_dtype(cfg)
-    self.dropout_rate = cfg["dropout"]
-    self.remat = str(cfg.get("remat", "none"))
+    self.ln_final = layer_norm(rngs, s.emb_dim, compute_dtype(s))
+    self.dtype = compute_dtype(s)
+    self.dropout_rate = s.dropout
+    self.remat = s.remat
 
   def __call__(self, tokens: jax.Array, *, rng=None) -> tuple[jax.Array, jax.Array]:
     """tokens `[B, L]` int -> (features `[B, L', E]`, key_mask `[B, L']`), L' = L (+1 with CLS)."""
@@ -319,27 +278,26 @@ class Encoder(nnx.Module):
 
 def pool(x: jax.Array, key_mask: jax.Array, kind: str) -> jax.Array:
   """`[B, L, E]` -> `[B, E]`: the CLS position, or the mean over real tokens."""
+  settings.check_choice("pool", kind)
   if kind == "cls":
     return x[:, 0]
-  if kind == "mean":
-    count = jnp.maximum(key_mask.sum(axis=1, keepdims=True), 1).astype(x.dtype)
-    return jnp.where(key_mask[..., None], x, 0.0).sum(axis=1) / count
-  raise ValueError(f"unknown pooling {kind!r}; valid: {', '.join(POOLINGS)}.")
+  count = jnp.maximum(key_mask.sum(axis=1, keepdims=True), 1).astype(x.dtype)
+  return jnp.where(key_mask[..., None], x, 0.0).sum(axis=1) / count
 
 
 class Classifier(nnx.Module):
   """The LRA encoder classifier: Encoder -> pool -> Dense(classifier_dim) -> ReLU -> Dense.
 
-  Extra `cfg` fields: num_classes, pool ("cls" or "mean"), classifier_dim.
+  Extra settings: num_classes, pool ("cls" or "mean"), classifier_dim.
   """
 
-  def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
-    if cfg["pool"] not in POOLINGS:
-      raise ValueError(f"unknown pooling {cfg['pool']!r}; valid: {', '.join(POOLINGS)}.")
-    self.pool_kind = cfg["pool"]
-    self.encoder = Encoder(cfg, cls_token=cfg["pool"] == "cls", rngs=rngs)
-    self.hidden = dense(rngs, cfg["emb_dim"], cfg["classifier_dim"], ("embed", "mlp"))
-    self.head = dense(rngs, cfg["classifier_dim"], cfg["num_classes"], ("mlp", None))
+  def __init__(self, cfg: ModelSettings | Mapping[str, Any], *, rngs: nnx.Rngs):
+    s = ModelSettings.from_mapping(cfg)
+    s.require("pool", "classifier_dim", "num_classes", model="the classifier")
+    self.pool_kind = s.pool
+    self.encoder = Encoder(s, cls_token=s.pool == "cls", rngs=rngs)
+    self.hidden = dense(rngs, s.emb_dim, s.classifier_dim, ("embed", "mlp"))
+    self.head = dense(rngs, s.classifier_dim, s.num_classes, ("mlp", None))
 
   def __call__(self, inputs: jax.Array, *, rng=None) -> jax.Array:
     """inputs `[B, L]` int32 token ids (0 = padding) -> logits `[B, num_classes]` float32."""

@@ -22,27 +22,29 @@ from flax import nnx
 
 from models import memory as memory_lib
 from models.encoder import Encoder
+from models.settings import ModelSettings
 
 
 class LanguageModel(nnx.Module):
-  """Decoder-only LM. `cfg` as for `Encoder`; the output layer is the transposed embedding."""
+  """Decoder-only LM. `cfg` as for `Encoder`, plus the memory settings (models/memory.py); the
+  output layer is the transposed embedding."""
 
-  def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
-    self.encoder = Encoder(cfg, causal=True, rngs=rngs)
-    self.memory_length = int(cfg.get("memory_length", 0) or 0)
-    self.compressed_length = int(cfg.get("compressed_length", 0) or 0)
+  def __init__(self, cfg: ModelSettings | Mapping[str, Any], *, rngs: nnx.Rngs):
+    s = ModelSettings.from_mapping(cfg)
+    self.encoder = Encoder(s, causal=True, rngs=rngs)
+    self.memory_length = s.memory_length
+    self.compressed_length = s.compressed_length
     # Evaluation reads a window in segments of this length (0: memory_length) through the memory.
-    self.segment_length = int(cfg.get("segment_length", 0) or 0) or self.memory_length
+    self.segment_length = s.segment_length or self.memory_length
     # Evaluation memory length (0: memory_length); no parameter depends on either.
-    self.eval_memory_length = int(cfg.get("eval_memory_length", 0) or 0) or self.memory_length
+    self.eval_memory_length = s.eval_memory_length or self.memory_length
     # Evaluation's relative distances clamped to this (0: not clamped; Transformer-XL's enwik8
     # recipe trains unclamped and evaluates with clamp_len 820).
-    self.clamp_len = int(cfg.get("clamp_len", 0) or 0)
+    self.clamp_len = s.clamp_len
     # One compression function per layer (models/memory.py), when there is a compressed memory.
     self.compress = nnx.List([
-        memory_lib.Compression(str(cfg.get("compression", "conv")),
-                               int(cfg.get("compression_rate", 1)), cfg["emb_dim"], rngs=rngs)
-        for _ in range(cfg["num_layers"])]) if self.compressed_length else None
+        memory_lib.Compression(s.compression, s.compression_rate, s.emb_dim, rngs=rngs)
+        for _ in range(s.num_layers)]) if self.compressed_length else None
 
   def init_memory(self, batch: int, length: int | None = None) -> dict[str, jax.Array]:
     """An empty Transformer-XL (and compressed) memory for `batch` streams, of `length` states

@@ -13,9 +13,10 @@ Decoding one position at a time (`step`) uses a key-value cache (`init_cache`): 
 layer, the self-attention keys and values written so far and the cross-attention keys and values
 of the encoder output, computed once. `models.decoding` has greedy and beam search on top.
 
-`cfg` fields: those of `Encoder` (vocab_size, max_length, emb_dim, num_heads, qkv_dim, mlp_dim,
-num_layers = encoder layers, dropout, pos_emb, attention, layer_attention) plus decoder_layers,
-target_length (decoder positions) and num_global (global tokens at the start of the input).
+`cfg` (a `ModelSettings` or its mapping) fields: those of `Encoder` (vocab_size, max_length,
+emb_dim, num_heads, qkv_dim, mlp_dim, num_layers = encoder layers, dropout, pos_emb, attention,
+layer_attention) plus decoder_layers, target_length (decoder positions) and num_global (global
+tokens at the start of the input).
 Token id 0 is padding in inputs and targets.
 """
 
@@ -28,11 +29,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attention
-from models import sequence
+from models import sequence, settings
 from models.attention_layer import MultiHeadAttention, split_spec
 from models.embeddings import sinusoidal_table
-from models.encoder import (MLP, Encoder, compute_dtype, dense, dropout, layer_norm,
-                            layer_specs)
+from models.encoder import MLP, Encoder, compute_dtype, dense, dropout, layer_norm
+from models.settings import ModelSettings
 
 
 def _fold(rng, i: int):
@@ -66,18 +67,19 @@ class GlobalBandAttention(MultiHeadAttention):
     return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))  # [B, L, E]
 
 
-def led_encoder(cfg: Mapping[str, Any], *, rngs: nnx.Rngs) -> Encoder:
-  """`Encoder(cfg)` whose band layers make the first `cfg["num_global"]` tokens global."""
-  enc = Encoder(cfg, rngs=rngs)
-  num_global = int(cfg.get("num_global", 0))
+def led_encoder(cfg: ModelSettings | Mapping[str, Any], *, rngs: nnx.Rngs) -> Encoder:
+  """`Encoder(cfg)` whose band layers make the first `num_global` tokens global."""
+  s = ModelSettings.from_mapping(cfg)
+  enc = Encoder(s, rngs=rngs)
+  num_global = s.num_global
   if num_global <= 0:
     return enc
-  specs = layer_specs(cfg["attention"], cfg.get("layer_attention", ()), cfg["num_layers"])
+  specs = s.layer_specs(s.num_layers)
   for i, (block, spec) in enumerate(zip(enc.blocks, specs)):
     if split_spec(spec)[0] == "band":
       block.attention = GlobalBandAttention(
-          cfg["emb_dim"], cfg["num_heads"], cfg["qkv_dim"], spec, max_length=cfg["max_length"],
-          layer_index=i, num_global=num_global, rngs=rngs)
+          s.emb_dim, s.num_heads, s.qkv_dim, spec, max_length=s.max_length, layer_index=i,
+          num_global=num_global, rngs=rngs)
   return enc
 
 
@@ -86,8 +88,7 @@ class DenseAttention(nnx.Module):
   values can be cached or precomputed; the attention is `attention.dot_product_attention`."""
 
   def __init__(self, emb_dim: int, num_heads: int, qkv_dim: int, *, rngs: nnx.Rngs, dtype=None):
-    if qkv_dim % num_heads:
-      raise ValueError(f"qkv_dim ({qkv_dim}) must be a multiple of num_heads ({num_heads}).")
+    settings.check_heads(num_heads, qkv_dim)
     self.num_heads = num_heads
     self.query = dense(rngs, emb_dim, qkv_dim, ("embed", "heads"), dtype)
     self.key = dense(rngs, emb_dim, qkv_dim, ("embed", "heads"), dtype)
@@ -112,16 +113,16 @@ class DenseAttention(nnx.Module):
 class DecoderBlock(nnx.Module):
   """Pre-LayerNorm decoder block: causal self-attention, cross-attention, MLP (each residual)."""
 
-  def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
-    e, h, qkv = cfg["emb_dim"], cfg["num_heads"], cfg["qkv_dim"]
-    dtype = compute_dtype(cfg)
+  def __init__(self, s: ModelSettings, *, rngs: nnx.Rngs):
+    e, h, qkv = s.emb_dim, s.num_heads, s.qkv_dim
+    dtype = compute_dtype(s)
     self.ln_self = layer_norm(rngs, e, dtype)
     self.self_attention = DenseAttention(e, h, qkv, rngs=rngs, dtype=dtype)
     self.ln_cross = layer_norm(rngs, e, dtype)
     self.cross_attention = DenseAttention(e, h, qkv, rngs=rngs, dtype=dtype)
     self.ln_mlp = layer_norm(rngs, e, dtype)
-    self.mlp = MLP(e, cfg["mlp_dim"], cfg["dropout"], rngs=rngs, dtype=dtype)
-    self.dropout_rate = cfg["dropout"]
+    self.mlp = MLP(e, s.mlp_dim, s.dropout, rngs=rngs, dtype=dtype)
+    self.dropout_rate = s.dropout
 
   def __call__(self, x, query_mask, cross, cross_mask, *, cache=None, t=None, self_mask=None,
                rng=None):
@@ -153,15 +154,16 @@ class DecoderBlock(nnx.Module):
 class LED(nnx.Module):
   """The Longformer encoder-decoder (see the module docstring for `cfg`)."""
 
-  def __init__(self, cfg: Mapping[str, Any], *, rngs: nnx.Rngs):
-    self.encoder = led_encoder(cfg, rngs=rngs)
-    self.blocks = nnx.List([DecoderBlock(cfg, rngs=rngs)
-                            for _ in range(int(cfg["decoder_layers"]))])
-    self.ln_final = layer_norm(rngs, cfg["emb_dim"], compute_dtype(cfg))
-    self.target_length = int(cfg["target_length"])
-    self.emb_dim = int(cfg["emb_dim"])
-    self.dtype = compute_dtype(cfg)
-    self.dropout_rate = cfg["dropout"]
+  def __init__(self, cfg: ModelSettings | Mapping[str, Any], *, rngs: nnx.Rngs):
+    s = ModelSettings.from_mapping(cfg)
+    s.require("decoder_layers", "target_length", model="the encoder-decoder")
+    self.encoder = led_encoder(s, rngs=rngs)
+    self.blocks = nnx.List([DecoderBlock(s, rngs=rngs) for _ in range(s.decoder_layers)])
+    self.ln_final = layer_norm(rngs, s.emb_dim, compute_dtype(s))
+    self.target_length = s.target_length
+    self.emb_dim = int(s.emb_dim)
+    self.dtype = compute_dtype(s)
+    self.dropout_rate = s.dropout
 
   def encode(self, inputs: jax.Array, *, rng=None) -> tuple[jax.Array, jax.Array]:
     """inputs `[B, L]` -> (encoder output `[B, L, E]`, its key mask `[B, L]`)."""

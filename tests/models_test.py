@@ -147,10 +147,25 @@ def test_growing_windows_and_per_head_dilation_change_the_output():
 def test_unknown_names_list_the_valid_ones():
   with pytest.raises(ValueError, match="valid names: .*dot_product"):
     models.Classifier(tiny_config("no_such_kind"), rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match="valid kinds"):
+  with pytest.raises(ValueError, match=r"config\.model\.pos_emb = 'bogus': must be one of "
+                     r"sinusoidal, learned"):
     models.Classifier(tiny_config("dot_product", pos_emb="bogus"), rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match="valid: cls, mean"):
+  with pytest.raises(ValueError, match=r"config\.model\.pool = 'max': must be one of cls, mean"):
     models.Classifier(tiny_config("dot_product", pool="max"), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="config.model.pool is missing"):
+    models.Classifier(dict(tiny_config("dot_product"), pool=None), rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_settings_and_their_mapping_build_the_same_model(family):
+  cfg = tiny_config("band", num_layers=2, pool="mean", layer_attention=({}, {"window": 5}))
+  settings = models.ModelSettings.from_mapping(cfg)
+  a, b = (FAMILIES[family](c, rngs=nnx.Rngs(0)) for c in (cfg, settings))
+  assert nnx.graphdef(a) == nnx.graphdef(b)
+  for u, v in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b))):
+    np.testing.assert_array_equal(u, v)
+  x = tokens()
+  np.testing.assert_array_equal(call(a, family, x), call(b, family, x))
 
 
 def test_too_long_input_says_what_to_raise():

@@ -19,7 +19,7 @@ from attention import masks, rotary
 from configs import common
 from models.attention_layer import MultiHeadAttention
 from models.embeddings import sinusoidal_table
-from models.encoder import sublayer_order
+from models.settings import sublayer_order
 
 jax.config.update("jax_disable_most_optimizations", True)
 

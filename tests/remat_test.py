@@ -1,6 +1,6 @@
-"""`config.remat` (models/encoder.py REMAT): rematerialised blocks give the same loss and
-gradients as stored ones, in every family and with dropout on, and the compiled backward pass
-keeps less memory; bad names fail in one line."""
+"""`config.remat` (models/settings.py REMATS, models/encoder.py REMAT): rematerialised blocks
+give the same loss and gradients as stored ones, in every family and with dropout on, and the
+compiled backward pass keeps less memory; bad names fail in one line."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +10,7 @@ from flax import nnx
 
 import configs
 from lra import schema
-from models import encoder
+from models import encoder, settings
 from tests import models_test
 
 
@@ -76,8 +76,15 @@ def test_bad_remat_names_are_refused():
     config.remat = "blocks"
   with pytest.raises(ValueError, match=r"config.remat = 'blocks'.*none, block"):
     schema.check(config)
-  with pytest.raises(ValueError, match="valid: none, block"):
+  with pytest.raises(ValueError, match=r"config.remat = 'everything': must be one of none, block"):
     encoder.block_runner("everything")
+  with pytest.raises(ValueError, match=r"config.remat = 'blocks'.*none, block"):
+    models_test.FAMILIES["classifier"](models_test.tiny_config("dot_product", remat="blocks"),
+                                       rngs=nnx.Rngs(0))
+
+
+def test_every_remat_name_has_a_policy():
+  assert tuple(encoder.REMAT) == settings.REMATS
 
 
 def test_blocks_of_different_structures_are_unrolled_with_the_same_values():
