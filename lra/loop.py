@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from lra import checkpoint, mesh as mesh_lib, metrics, progress, storage
+from lra import checkpoint, lock as lock_lib, mesh as mesh_lib, metrics, progress, storage
 from lra.data import pipeline
 from lra.optim import learning_rate_schedule
 from models import embeddings
@@ -55,8 +55,9 @@ def _restore_sums(saved: dict | None) -> dict | None:
 class Run:
   """One call of `train_and_evaluate` on an allocated trainer (see the module docstring)."""
 
-  def __init__(self, trainer, config: ml_collections.ConfigDict, workdir: str, *,
-               hooks: Sequence[Callable[[int], None]], stop, lock, started: float):
+  def __init__(self, trainer: Any, config: ml_collections.ConfigDict, workdir: str, *,
+               hooks: Sequence[Callable[[int], None]], stop: Any, lock: lock_lib.WorkdirLock,
+               started: float):
     self.trainer, self.task, self.config, self.workdir = trainer, trainer.task, config, workdir
     self.hooks, self.stop, self.lock, self.started = hooks, stop, lock, started
     self.eval_batch = mesh_lib.batch_size_per_process(config.eval_batch_size, trainer.mesh)
@@ -263,11 +264,13 @@ class Run:
     return {**results, "interrupted": False, "state": state}
 
 
-def run(trainer, config: ml_collections.ConfigDict, workdir: str, *,
-        hooks: Sequence[Callable[[int], None]], stop, lock, started: float) -> dict[str, Any]:
-  """Trains the allocated `trainer` on `config` in `workdir` from where its checkpoints left
-  off, then evaluates; `stop.requested` asks it to save and stop, `lock.heartbeat()` is called
-  at each save, `started` is the `time.time()` the run's wall time counts from."""
+def run(trainer: Any, config: ml_collections.ConfigDict, workdir: str, *,
+        hooks: Sequence[Callable[[int], None]], stop: Any, lock: lock_lib.WorkdirLock,
+        started: float) -> dict[str, Any]:
+  """Trains `trainer` (an allocated `lra.train.Trainer`) on `config` in `workdir` from where its
+  checkpoints left off, then evaluates. `stop.requested` (the stop flag) asks it to save and
+  stop, `lock.heartbeat()` is called at each save, and `started` is the `time.time()` the run's
+  wall time counts from."""
   r = Run(trainer, config, workdir, hooks=hooks, stop=stop, lock=lock, started=started)
   step = r.train()
   return r.finish() if step is None else r.stopped(step)
