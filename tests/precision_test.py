@@ -47,5 +47,5 @@ def test_bfloat16_activations_follow_float32(kind, family):
 
 
 def test_unknown_dtypes_are_refused():
-  with pytest.raises(ValueError, match="valid: float32, bfloat16"):
+  with pytest.raises(ValueError, match="must be one of float32, bfloat16"):
     encoder.compute_dtype({"dtype": "float16"})
