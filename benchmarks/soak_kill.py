@@ -50,8 +50,8 @@ DRIVER = textwrap.dedent("""
     async_path.rename = faulty_rename
 
     init = train.Trainer.__init__
-    def faulty_init(self, config):
-      init(self, config)
+    def faulty_init(self, config, plan=None):
+      init(self, config, plan)
       if fault == "sigint_at_start":
         os.kill(os.getpid(), signal.SIGINT)
       step_fn = self.train_step

@@ -133,8 +133,7 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   from lra.data import archives
   task = tasks_lib.get_task(config.task)
   try:  # names and combinations, then the preflight, then the data: all before the run
-    train.validate_config(phases.phase_config(config, 0) if config.get("phases") else config,
-                          task)
+    train.check_layers(phases.phase_config(config, 0) if config.get("phases") else config, task)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -142,9 +141,11 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     if dry_steps is not None:
       return dry_run(config, workdir, dry_steps)
     if not getattr(args, "no_preflight", False):
-      status = run_preflight(config, workdir)
+      status, plans = run_preflight(config, workdir)
       if status:
         return status
+    else:
+      plans = []
     try:
       task.prepare(config.data)
     except (ValueError, archives.DataMissingError, archives.CorruptArchiveError) as e:
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
       return 2
     print(f"Training {args.task} ({config.config_arg}) in {workdir}", flush=True)
     try:
-      results = phases.run(config, workdir)
+      results = phases.run(config, workdir, plans=plans)
     except KeyboardInterrupt:
       print("error: interrupted (Ctrl-C twice); rerun the same command to resume from the last "
             "checkpoint.", file=sys.stderr)
@@ -196,22 +197,24 @@ def _preflight(config: ml_collections.ConfigDict, initialisers: bool = False):
             f"(--no_preflight skips it).")
 
 
-def run_preflight(config: ml_collections.ConfigDict, workdir: str) -> int:
-  """Checks that the run (each unfinished phase) fits; 0, or 2 after one `error:` line."""
+def run_preflight(config: ml_collections.ConfigDict, workdir: str) -> tuple[int, list[Any]]:
+  """Checks that the run (each unfinished phase) fits: (0, the planned trainers, which the run
+  reuses with their compiled steps), or (2, []) after one `error:` line."""
+  plans = []
   for label, c in _configs_to_check(config, workdir):
     report = _preflight(c, initialisers=True)   # the run allocates with what it compiles
     if isinstance(report, str):
       print(f"error: {report}", file=sys.stderr)
-      return 130 if report.startswith("interrupted") else 2
+      return (130 if report.startswith("interrupted") else 2), []
     if not report.fits:
       print(f"error: {report.refusal()}", file=sys.stderr)
-      return 2
-    report.trainer.keep()   # the run's trainer reuses the compiled steps
+      return 2, []
+    plans.append(report.trainer)   # the run's trainer reuses the compiled steps
     free = "" if report.available is None else f" of {report.available / 1e9:.1f} GB available"
     print(f"Preflight{label}: about {report.peak / 1e9:.2f} GB per device{free}; steps "
           f"{'loaded' if report.train.cache_hit else 'compiled'} in "
           f"{report.compile_seconds:.1f} s.", flush=True)
-  return 0
+  return 0, plans
 
 
 def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:

@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import signal
-import threading
 import time
 from typing import Any, Callable, Iterable, Sequence
 
@@ -43,7 +42,7 @@ import optax
 from flax import nnx
 
 from attention import kinds as attention_kinds
-from lra import lock as lock_lib, loop, mesh as mesh_lib, metrics, storage
+from lra import lock as lock_lib, loop, mesh as mesh_lib, metrics, signals, storage
 from lra import tasks as tasks_lib
 from lra.optim import learning_rate_schedule, make_optimizer  # noqa: F401 (one re-exported)
 
@@ -62,48 +61,25 @@ def model_config(config: ml_collections.ConfigDict, task) -> dict[str, Any]:
   return cfg
 
 
-def validate_config(config: ml_collections.ConfigDict, task) -> None:
-  """Checks names and combinations before anything is built; messages say what to change."""
-  from lra import schema
-  from models.encoder import layer_specs
-  schema.check(config)
+def check_layers(config: ml_collections.ConfigDict, task) -> None:
+  """What the task asks of every layer's attention kind (causal for a language model, a pattern
+  for MPNet's permutation masks); one-line ValueError saying what to change. The config's own
+  values are checked by `lra.schema.check`, once, by the entry point (`lra run`, or
+  `train_and_evaluate` when no preflight planned the run)."""
+  from models.settings import layer_specs
   specs = layer_specs(config.model.attention.to_dict(), config.model.layer_attention,
                       config.model.num_layers)
   task.check_layers([attention_kinds.get(spec.get("kind")).name for spec in specs])
 
 
-class _StopFlag:
-  """Turns the first SIGINT (Ctrl-C) or SIGTERM (what a TPU VM or a cluster sends before
-  preemption) into a request to stop after the current step and save. Installed for the whole
-  run, so one during start-up or compilation lets it finish instead of interrupting XLA; a
-  second Ctrl-C interrupts immediately, a second SIGTERM changes nothing."""
-
-  SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-  def __init__(self):
-    self.requested = False
-    self._previous = {}
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      for sig in self.SIGNALS:
-        self._previous[sig] = signal.signal(sig, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    if self.requested:
-      if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-      return
-    self.requested = True
-    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-    again = " (Ctrl-C again to abort)" if signum == signal.SIGINT else ""
-    print(f"\nInterrupted by {name}: saving a checkpoint after this step{again}.", flush=True)
-
-  def __exit__(self, *exc):
-    for sig, previous in self._previous.items():
-      signal.signal(sig, previous)
-    return False
+def _stop_message(signum: int) -> str:
+  """What the run prints on the first SIGINT (Ctrl-C) or SIGTERM (what a TPU VM or a cluster
+  sends before preemption): it stops after the current step and saves. The request is installed
+  for the whole run, so one during start-up or compilation lets it finish instead of
+  interrupting XLA; a second Ctrl-C interrupts at once, a second SIGTERM changes nothing."""
+  again = " (Ctrl-C again to abort)" if signum == signal.SIGINT else ""
+  return (f"\nInterrupted by {signals.signal_label(signum)}: saving a checkpoint after this "
+          f"step{again}.")
 
 
 def _with_shardings(tree: Any, shardings: Any) -> Any:
@@ -140,8 +116,6 @@ def _steps_key(config: ml_collections.ConfigDict) -> str:
   return json.dumps(fields, sort_keys=True, default=str)
 
 
-# Plans handed over by the deprecated `Trainer.keep`, by `_steps_key`: at most one per config.
-_KEPT: dict[str, "Trainer"] = {}
 
 
 class Trainer:
@@ -157,8 +131,6 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, plan: Trainer | None = None):
     """Plans `config` (or takes `plan`, a `Trainer.abstract` of the same steps) and allocates."""
-    if plan is None:
-      plan = _KEPT.pop(_steps_key(config), None)
     if plan is None:
       self._plan(config)
     else:
@@ -180,7 +152,6 @@ class Trainer:
     """Everything but the arrays: the mesh, abstract state with shardings, the jitted steps."""
     self.config = config
     self.task = tasks_lib.get_task(config.task)
-    validate_config(config, self.task)
     self.mesh = mesh_lib.make_mesh(config.mesh.to_dict())
     for field in ("batch_size", "eval_batch_size"):
       try:
@@ -300,12 +271,6 @@ class Trainer:
     initial values, `init_from` and `init_length`)."""
     return _steps_key(self.config) == _steps_key(config)
 
-  def keep(self) -> None:
-    """Deprecated: pass the plan to the run instead (`Trainer(config, plan)`,
-    `train_and_evaluate(config, workdir, plan=plan)`). Hands this plan to the next
-    `Trainer(config)` built for the same steps in this process."""
-    _KEPT[_steps_key(self.config)] = self
-
   @property
   def param_count(self) -> int:
     """The number of values in the model's parameters."""
@@ -347,15 +312,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   results written to `results.json`, plus `"state"` (the final train state) and
   `"interrupted"`. The run itself is `lra.loop`.
   """
+  if plan is None:   # a plan comes from a preflight, after the entry point's checks
+    from lra import schema
+    schema.check(config)
+    check_layers(config, tasks_lib.get_task(config.task))
   mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
   workdir = storage.resolve(workdir)
   storage.makedirs(workdir)
   # The lock file needs a local disk (O_EXCL); a bucket workdir is not locked.
   lock_here = jax.process_index() == 0 and not storage.is_remote(workdir)
-  with _StopFlag() as stop, lock_lib.WorkdirLock(workdir, enabled=lock_here) as lock:
+  with (signals.StopRequest(_stop_message) as stop,
+        lock_lib.WorkdirLock(workdir, enabled=lock_here) as lock):
     started = time.time()
-    # `Trainer(config)` alone without a plan: wrappers of `Trainer.__init__(self, config)`, such
-    # as the fault driver of benchmarks/soak_kill.py, see every run's trainer.
-    trainer = Trainer(config) if plan is None else Trainer(config, plan)
+    trainer = Trainer(config, plan)
     _save_config(config, workdir)
     return loop.run(trainer, config, workdir, hooks=hooks, stop=stop, lock=lock, started=started)

@@ -277,8 +277,7 @@ def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
   from lra import train
   config = _train_config(tmp_path)
   plan = train.Trainer.abstract(config)   # one plan (traced, compiled once) for the three runs
-  plan.keep()
-  full = train.train_and_evaluate(config, str(tmp_path / "full"))
+  full = train.train_and_evaluate(config, str(tmp_path / "full"), plan=plan)
   mem = np.asarray(full["state"]["task"]["memory"])
   assert np.asarray(full["state"]["task"]["valid"]).all() and np.abs(mem).max() > 0
   assert np.asarray(full["state"]["task"]["cvalid"]).all()
@@ -302,11 +301,9 @@ def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
     if step == 2:
       os.kill(os.getpid(), signal.SIGINT)
 
-  plan.keep()
-  part = train.train_and_evaluate(config, str(tmp_path / "part"), hooks=[stop_at_2])
+  part = train.train_and_evaluate(config, str(tmp_path / "part"), hooks=[stop_at_2], plan=plan)
   assert part["interrupted"] and part["step"] == 2
-  plan.keep()
-  resumed = train.train_and_evaluate(config, str(tmp_path / "part"))
+  resumed = train.train_and_evaluate(config, str(tmp_path / "part"), plan=plan)
   for a, b in zip(jax.tree.leaves(full["state"]), jax.tree.leaves(resumed["state"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert resumed["test_bpc"] == full["test_bpc"]

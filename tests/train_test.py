@@ -149,7 +149,7 @@ def test_language_model_config_refuses_non_causal_kinds():
   if "linformer" not in attention.REGISTRY:
     pytest.skip("linformer not registered")
   with pytest.raises(ValueError, match="cannot be causal"):
-    train.validate_config(config, lm_task)
+    train.check_layers(config, lm_task)
 
 
 def test_schedules():
