@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 import ml_collections
 
 from attention import kinds
+from lra import schema
 from lra.data import paths
 
 # Logical axis name (carried by parameters, see models/sharding.py) -> mesh axis or None.
@@ -72,16 +73,14 @@ def convert(text: str, current: Any) -> Any:
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   """Parses "a=1,b=x" against `defaults` (which also fix each value's type)."""
   out = dict(defaults)
-  for item in filter(None, (arg or "").split(",")):
-    key, _, value = item.partition("=")
-    key = key.strip()
+  for key, value in schema.arg_items(arg).items():
     if key not in defaults:
       raise ValueError(f"unknown config argument {key!r} in {arg!r}; valid arguments: "
                        f"{', '.join(sorted(defaults))}.")
     try:
-      out[key] = convert(value.strip(), defaults[key])
+      out[key] = convert(value, defaults[key])
     except ValueError as e:
-      raise ValueError(f"config argument {key}={value.strip()}: {e}") from None
+      raise ValueError(f"config argument {key}={value}: {e}") from None
   return ml_collections.ConfigDict(out)
 
 

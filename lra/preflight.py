@@ -41,15 +41,29 @@ import jax
 import ml_collections
 import numpy as np
 
-from lra import mesh as mesh_lib
+from attention import kinds
+from lra import mesh as mesh_lib, schema
 from lra.compiling import CacheHits, Compiling
 from lra import train as train_lib
 
 GB = 1e9
-# Attention kinds whose cost grows linearly with the length (suggested as ways out).
-LINEAR_KINDS = ("band", "favor", "linear", "linformer")
-# Kinds that materialise every (query, key) score: a linear-cost kind is suggested instead.
-QUADRATIC_KINDS = ("dot_product", "synthesizer")
+
+
+def linear_ways_out() -> tuple[str, ...]:
+  """The kinds suggested instead of a quadratic one (`Kind.cost`): linear in the length and
+  able to split it over devices too, so they go furthest."""
+  return kinds.names_where(lambda k: k.cost == "linear" and k.sequence_parallel)
+
+
+def exact_copy(model) -> str | None:
+  """A kind that computes exactly the attention of `model` (`Kind.copy_of`, flash for
+  dot_product) with the same layers and positions, or None."""
+  if model.get("layer_attention"):
+    return None
+  relative = model.get("pos_emb") == "relative"
+  copies = kinds.names_where(lambda k: k.copy_of == model.attention.kind
+                             and (k.relative or not relative))
+  return copies[0] if copies else None
 def available_memory(devices) -> tuple[int | None, str]:
   """(bytes free per device, where the figure comes from); (None, why) when unknown."""
   device = devices[0]
@@ -258,9 +272,7 @@ class Report:
     return self.config.get("remat", "none") == "none" and self.train_peak > self.eval_peak
 
   def _flash_applies(self) -> bool:
-    model = self.config.model
-    return (model.attention.kind == "dot_product" and not model.get("layer_attention")
-            and model.get("pos_emb") != "relative" and self.train_peak > self.eval_peak)
+    return exact_copy(self.config.model) is not None and self.train_peak > self.eval_peak
 
   def remat_peak(self) -> int | None:
     """The estimate with `--config.remat=block`, or None when the config already
@@ -271,25 +283,24 @@ class Report:
     """The estimate with the exact memory-efficient kind instead of dense attention (the train
     step only), or None when the config is not dense or uses positions flash does not have
     (relative)."""
-    return (self.variant_peak("model.attention.kind", "flash") if self._flash_applies()
-            else None)
+    return (self.variant_peak("model.attention.kind", exact_copy(self.config.model))
+            if self._flash_applies() else None)
 
   def ways_out(self) -> list[str]:
     """Concrete changes that make the run smaller, each with its estimate where it can say."""
     c, out = self.config, []
     if self._flash_applies():     # both variants compile side by side
-      self._variant("model.attention.kind", "flash")
+      self._variant("model.attention.kind", exact_copy(c.model))
     if self._remat_applies():
       self._variant("remat", "block")
-    arg = dict(p.split("=", 1) for p in c.get("config_arg", "").split(",") if "=" in p)
-    if arg.get("size") == "base":
+    if schema.arg_items(c.get("config_arg", "")).get("size") == "base":
       out.append("--size small")
     flash = self.flash_peak()
     if flash is not None and flash < 0.9 * self.peak:
-      out.append(f"--attention flash (exact, memory linear in the length: about "
-                 f"{flash / GB:.1f} GB)")
-    if c.model.attention.kind in QUADRATIC_KINDS:
-      out.append(f"a linear-cost --attention such as {' or '.join(LINEAR_KINDS[:2])}")
+      out.append(f"--attention {exact_copy(c.model)} (exact, memory linear in the length: "
+                 f"about {flash / GB:.1f} GB)")
+    if kinds.get(c.model.attention.kind).cost == "quadratic":
+      out.append(f"a linear-cost --attention such as {' or '.join(linear_ways_out()[:2])}")
     remat = self.remat_peak()
     if remat is not None and remat < 0.9 * self.peak:
       out.append(f"--config.remat=block (about {remat / GB:.1f} GB)")

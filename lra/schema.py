@@ -124,6 +124,16 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
 _MISSING = object()
 
 
+def arg_items(arg: str | None) -> dict[str, str]:
+  """The `key=value` items of a `get_config` argument such as "attention=band,size=small", as
+  text (`configs.common.parse_arg` converts them against each config's defaults)."""
+  out = {}
+  for item in filter(None, (arg or "").split(",")):
+    key, _, value = item.partition("=")
+    out[key.strip()] = value.strip()
+  return out
+
+
 def _get(config: Any, dotted: str) -> Any:
   node = config
   for name in dotted.split("."):
@@ -333,4 +343,4 @@ def check_data(config: ml_collections.ConfigDict) -> None:
 
 
 __all__ = ["COMPRESSIONS", "DTYPES", "FIELDS", "MESH_AXES", "POOLINGS", "POSITIONS", "REMATS",
-           "SCHEDULES", "check", "check_attention", "check_data", "check_memory"]
+           "SCHEDULES", "arg_items", "check", "check_attention", "check_data", "check_memory"]

@@ -15,8 +15,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("attention", "models", "lra", "configs", "launch", "benchmarks")
-TRAINER_MODULES = {"lra.train", "lra.phases", "lra.checkpoint", "lra.mesh", "lra.metrics",
-                   "lra.progress", "lra.optim"}
+TRAINER_MODULES = {"lra.train", "lra.loop", "lra.phases", "lra.checkpoint", "lra.mesh",
+                   "lra.metrics", "lra.progress", "lra.optim", "lra.preflight", "lra.compiling"}
 MAX_LINES = 520
 
 
