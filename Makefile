@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-core
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
 
-.PHONY: demo test bench bench-demo venv bench-venv
+.PHONY: demo test test-fast bench bench-demo venv bench-venv
 
 $(STAMP): setup.py
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ bench-demo: $(STAMP)
 # fixtures (trained runs, generated data) and run in order.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile tests
+
+# The same without the end-to-end tests marked `slow` (training runs, the command in
+# subprocesses, multi-process runs, fault soaks): the quick check while developing.
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not slow" tests
 
 # Benchmarks against PyTorch and Hugging Face need the `bench` extra, kept in its own venv.
 $(BENCH_STAMP): setup.py

@@ -80,6 +80,7 @@ def test_edge_cases_match_dense_reference(case):
          key_mask=key_mask, block_size=block)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(12))
 def test_random_configurations_match_dense_reference(seed):
   rng = np.random.default_rng(seed)

@@ -18,6 +18,8 @@ from attention import masks  # noqa: E402
 from benchmarks import attention as harness  # noqa: E402
 from benchmarks import impls_band  # noqa: E402
 
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
+
 IMPLS = harness.discover_impls()
 JAX_IMPLS = [name for name, spec in IMPLS.items() if spec.get("framework", "jax") == "jax"]
 TINY = dict(batch=1, heads=2, head_dim=16, repeats=2, min_repeats=2, budget=0.0)

@@ -224,6 +224,7 @@ def direct_bits(model, text: bytes, length: int, context: int) -> tuple[float, i
   return total, count
 
 
+@pytest.mark.slow
 def test_trainer_bpc_equals_a_per_character_computation(tmp_path):
   data = enwik8_bytes(1000)
   write_zip(tmp_path / "manual", corpus(enwik8), data)
@@ -243,6 +244,7 @@ def test_trainer_bpc_equals_a_per_character_computation(tmp_path):
     assert abs(m["bpc"] - bits / count) < 1e-5 and m["examples"] == 39
 
 
+@pytest.mark.slow
 def test_two_phase_schedule_on_text8_through_the_lra_command(tmp_path, capsys):
   write_zip(tmp_path / "manual", corpus(text8), text8_bytes(1000))
   # Phase 2 has learning rate 0: it must end exactly where phase 1 did, which only holds if it

@@ -18,3 +18,10 @@ os.environ["LRA_DATA"] = tempfile.mkdtemp(prefix="lra-test-data-")
 # The compile cache of `lra run` (lra/preflight.py: $XDG_CACHE_HOME/lra/jax) goes there too, so
 # the tests that call the command in-process leave nothing in the user's ~/.cache.
 os.environ["XDG_CACHE_HOME"] = os.path.join(os.environ["LRA_DATA"], "cache")
+
+
+def pytest_configure(config):
+  # `make test` (and CI) runs everything; `make test-fast` leaves the slow tests out.
+  config.addinivalue_line(
+      "markers", "slow: end to end (trains models, runs the `lra` command or several processes, "
+      "soaks faults); `make test-fast` skips these, CI runs them")

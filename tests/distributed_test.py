@@ -21,9 +21,12 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 import configs
 from lra import checkpoint, metrics, tasks, train
+
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
 
 jax.config.update("jax_disable_most_optimizations", True)  # as in train_test.py: compiles faster
 

@@ -22,6 +22,8 @@ if ROOT not in sys.path:
 
 from benchmarks.soak_kill import DRIVER, records  # noqa: E402  (the fault-planting child)
 
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
+
 STEPS = 12
 TINY = ["--config.data.num_train=96", "--config.data.num_val=16", "--config.data.num_test=16",
         "--config.data.max_length=24", "--config.data.gen_min_length=4",

@@ -19,6 +19,8 @@ import attention  # noqa: E402
 import models  # noqa: E402
 from benchmarks import favor_trained  # noqa: E402
 
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
+
 
 def _classifier(kind):
   cfg = dict(vocab_size=17, max_length=10, emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=32,

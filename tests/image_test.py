@@ -159,6 +159,7 @@ def test_configs():
   assert "lra run image" in image_config.__doc__
 
 
+@pytest.mark.slow
 def test_two_training_steps(prepared, tmp_path):
   assert prepared[0].max_length == 1024
   results = task_helpers.two_training_steps(image_config, prepared[0], str(tmp_path),

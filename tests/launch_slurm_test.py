@@ -27,6 +27,8 @@ import configs
 from launch import cli
 from lra import checkpoint, tasks, train
 
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
+
 jax.config.update("jax_disable_most_optimizations", True)  # compiles faster (as the tasks)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -40,6 +40,8 @@ from launch import cli, tpu
 from launch import train as train_launcher
 from lra import checkpoint, tasks, train
 
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
+
 jax.config.update("jax_disable_most_optimizations", True)  # compiles faster (as the workers)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,11 +3,14 @@
 
 import jax
 import numpy as np
+import pytest
 
 import task_helpers
 from configs import listops as listops_config
 from lra import train
 from models import embeddings
+
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
 
 jax.config.update("jax_disable_most_optimizations", True)
 

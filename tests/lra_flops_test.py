@@ -5,8 +5,11 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from benchmarks import lra_flops
+
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
 
 
 def _count(f, *args):

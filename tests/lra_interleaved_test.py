@@ -16,6 +16,8 @@ if ROOT not in sys.path:
 
 from benchmarks import lra_speed  # noqa: E402
 
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
+
 
 def run(*args, timeout=300):
   # The environment lra_speed.py gives its --quick children: one CPU device, few optimisations.

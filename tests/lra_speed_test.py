@@ -17,6 +17,8 @@ if ROOT not in sys.path:
 from benchmarks import lra_speed  # noqa: E402
 from benchmarks import lra_speed_plot  # noqa: E402
 
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
+
 SCRIPT = os.path.join(ROOT, "benchmarks", "lra_speed.py")
 KINDS = ("dot_product", "identity", "band")
 LENGTHS = (128, 256)

@@ -86,6 +86,7 @@ def test_the_config_check_reads_the_new_record(new_kind):
     schema.check(config)
 
 
+@pytest.mark.slow
 def test_lra_list_run_and_the_preflight_take_the_new_kind(new_kind, tmp_path, capsys):
   assert cli.main(["list"]) == 0
   assert f"  {NAME}" in capsys.readouterr().out.splitlines()

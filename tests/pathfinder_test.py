@@ -259,6 +259,7 @@ def _tiny(c, data_cfg):
   return task_helpers.tiny(c, kind="band", window=4, num_layers=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["pathfinder", "pathx"])
 def test_two_training_steps(task, tmp_path):
   module, config = {"pathfinder": (pathfinder, pathfinder_config),

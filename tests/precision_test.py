@@ -19,6 +19,7 @@ CASES = [(kind, "classifier") for kind in models_test.KINDS] + [
     (kind, family) for kind in ("band", "favor") for family in ("dual_encoder", "lm")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,family", CASES)
 def test_bfloat16_activations_follow_float32(kind, family):
   if family == "lm" and not kinds.get(kind).supports_causal:

@@ -40,6 +40,7 @@ def small_config(**overrides):
       ("eval_batch_size", "32"), *((k, str(v)) for k, v in overrides.items())])
 
 
+@pytest.mark.slow
 def test_listops_base_stops_in_one_line_before_any_data(tmp_path):
   """The default `lra run listops` (base, dense, length 2,000, batch 32) on one CPU device."""
   needed = 66_080_354_688  # XLA's temporaries alone (the out-of-memory error's figure)
@@ -76,6 +77,7 @@ def test_listops_base_stops_in_one_line_before_any_data(tmp_path):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_dry_run_of_a_base_config_field_by_field(tmp_path, monkeypatch, capsys):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
   workdir = tmp_path / "w"
@@ -171,6 +173,7 @@ def test_batch_spec_of_the_other_families(name, size):
         "inputs": (8, E), "targets": (8, E), "mask": (8, E), "weights": (8,)}
 
 
+@pytest.mark.slow
 def test_the_run_loads_the_preflights_program_and_the_cache_is_restored(tmp_path):
   config = small_config()
   before = jax.config.jax_compilation_cache_dir
@@ -194,6 +197,7 @@ def test_the_run_loads_the_preflights_program_and_the_cache_is_restored(tmp_path
   assert os.listdir(tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_the_run_reuses_the_preflights_compiled_steps():
   """Without any cache: the run's trainer takes the preflight's plan and never retraces."""
   config = small_config(seed=5)

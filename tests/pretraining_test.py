@@ -171,6 +171,7 @@ def _most_frequent_share(values):
   return counts.max() / counts.sum()
 
 
+@pytest.mark.slow
 def test_spt_pretrains_then_fine_tunes_in_one_workdir(tmp_path, capsys):
   c = tiny_config(tmp_path, protocol="spt", learning_rate=0.0, weight_decay=0.0,
                   **{"pretrain.learning_rate": 0.01, "pretrain.objective": "mpnet"})

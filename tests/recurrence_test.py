@@ -270,6 +270,7 @@ def test_streams_are_contiguous_rows():
   assert (np.diff(starts, axis=0) == 10).all()                             # each row continues
 
 
+@pytest.mark.slow
 def test_trainer_carries_memory_and_resume_equals_uninterrupted(tmp_path):
   """... and evaluates each split as 3 contiguous rows with a longer memory, every character
   after the first scored once (the weight)."""

@@ -29,6 +29,7 @@ def loss_and_grads(family: str, remat: str, kind: str = "dot_product"):
   return value, jax.tree.leaves(grads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(models_test.FAMILIES))
 @pytest.mark.parametrize("remat", [r for r in encoder.REMAT if r != "none"])
 def test_remat_gives_the_same_loss_and_gradients(family, remat):

@@ -189,6 +189,7 @@ def test_malformed_lines_are_reported(tmp_path):
   assert list(retrieval.read_tsv(str(path))) == [(b"\"x", b"y\"", 1)]
 
 
+@pytest.mark.slow
 def test_two_training_steps(built, tmp_path):
   results = task_helpers.two_training_steps(retrieval_config, data_cfg(built[0]),
                                             str(tmp_path / "run"), num_layers=1)

@@ -56,6 +56,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length,window,dilation,causal,block,globals_at", CASES)
 def test_equals_band_attention_on_the_whole_sequence(length, window, dilation, causal, block,
                                                      globals_at):
@@ -150,6 +151,7 @@ def linear_pair(name, kernel, causal, chunk=4):
   return one, split
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kernel,causal", LINEAR_CASES)
 @pytest.mark.parametrize("length", [44, 12])     # chunks of 11 (not a power of two), of 3
 def test_favor_and_linear_equal_one_device(name, kernel, causal, length):
@@ -215,6 +217,7 @@ def train_losses(kind, mesh, *, pool="mean", dropout="0.1", steps=2):
     ("favor", "mean", "0.1"),
     ("linear", "cls", "0.0"),
 ])
+@pytest.mark.slow
 def test_a_split_sequence_trains_like_one_device(kind, pool, dropout):
   losses, params, _ = train_losses(kind, {"data": 2, "sequence": 1}, pool=pool, dropout=dropout)
   losses_split, params_split, hlo = train_losses(kind, {"data": 2, "sequence": 4}, pool=pool,
@@ -236,6 +239,7 @@ def test_kinds_that_cannot_run_split_are_refused():
     schema.check(config)
 
 
+@pytest.mark.slow
 def test_a_character_lm_with_the_sequence_split_trains_like_one_device():
   """20 steps of a small causal band LM (enwik8 small, dropout on): sequence=4 vs sequence=1."""
   import configs

@@ -20,6 +20,8 @@ from configs import listops
 from launch import cli, results, sweep
 from lra import phases
 
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config.data.num_train=200", "--config.data.num_val=40", "--config.data.num_test=40",
         "--config.eval_batch_size=40", "--config.num_train_steps=20", "--config.eval_every=10",

@@ -94,6 +94,7 @@ def test_scalars_are_written_at_exit_without_close(tmp_path):
   np.testing.assert_allclose([v for *_, v in got], 1.0 / np.arange(1, 41), rtol=1e-7)
 
 
+@pytest.mark.slow
 def test_training_run_writes_the_event_file(tmp_path_factory, tmp_path):
   from lra import train
   from train_test import tiny_config

@@ -47,6 +47,7 @@ def train_losses(workdir):
   return [(r["step"], r["loss"]) for r in metrics.read_metrics(workdir) if r["split"] == "train"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(attention.REGISTRY))
 def test_two_steps_with_every_attention_kind(kind, data_dir, tmp_path):
   workdir = str(tmp_path / kind)
@@ -62,6 +63,7 @@ def test_two_steps_with_every_attention_kind(kind, data_dir, tmp_path):
   assert int(results["state"]["step"]) == 2 and all(np.isfinite(p).all() for p in params)
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_run_equals_an_uninterrupted_run(data_dir, tmp_path):
   config = tiny_config(data_dir, num_train_steps=6, checkpoint_every=2, eval_every=100,
                        **{"model.dropout": 0.1})
@@ -86,6 +88,7 @@ def test_interrupted_and_resumed_run_equals_an_uninterrupted_run(data_dir, tmp_p
   assert second["test_accuracy"] == straight["test_accuracy"]
 
 
+@pytest.mark.slow
 def test_data_by_tensor_mesh_matches_one_device(data_dir, tmp_path):
   runs = {}
   for name, mesh in (("one", {"data": 1, "fsdp": 1, "tensor": 1}),
@@ -101,6 +104,7 @@ def test_data_by_tensor_mesh_matches_one_device(data_dir, tmp_path):
   assert "tensor" in str(query.sharding.spec)
 
 
+@pytest.mark.slow
 def test_rerun_of_a_finished_run_does_not_train_again(data_dir, tmp_path):
   config = tiny_config(data_dir)
   train.train_and_evaluate(config, str(tmp_path))
@@ -109,6 +113,7 @@ def test_rerun_of_a_finished_run_does_not_train_again(data_dir, tmp_path):
   assert not again["interrupted"] and again["train_step_traces"] == 0
 
 
+@pytest.mark.slow
 def test_each_phase_counts_its_parameters_and_takes_its_plan(data_dir, tmp_path):
   config = tiny_config(data_dir)
   phase = dict(steps=1, max_length=24, window_scale=1.0, learning_rate=1e-3, batch_size=16,
