@@ -100,6 +100,11 @@ class Kind:
       kernels instead of q, k and v (the same attention with less work), used when the kind's
       extras say it applies (`takes_inputs`); None when there is none.
     backends: the implementations that run the kind; "xla" is the portable blocked-einsum one.
+    paper: the paper (or method) whose attention the kind computes, as researchers cite it.
+    summary: the pattern in a few words (`lra list`).
+    aliases: other names a user may type for it, such as the paper's (`performer` for favor);
+      `resolve` turns them into the kind's name wherever a kind is chosen by name
+      (`--attention`, the config argument); configs themselves hold the kind's name.
   """
 
   name: str
@@ -120,6 +125,9 @@ class Kind:
   copy_of: str | None = None
   from_inputs: str | None = None
   backends: tuple[str, ...] = ("xla",)
+  paper: str = ""
+  summary: str = ""
+  aliases: tuple[str, ...] = ()
 
   def __post_init__(self):
     where = f"kind {self.name!r}"
@@ -174,13 +182,20 @@ def _lsh_defaults(window: int, max_length: int) -> dict[str, Any]:
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("dot_product", "dot_product", "dot_product_attention", cost="quadratic",
+         paper="Transformer (Vaswani et al. 2017)", summary="dense softmax attention, the reference",
+         aliases=("transformer", "dense"),
          relative="dense", memory=True, pattern="all_pairs_pattern"),
     Kind("band", "band", "band_attention", masks=("longformer_mask",),
+         paper="Longformer (Beltagy et al. 2020)",
+         summary="sliding window, dilation per head, global tokens",
+         aliases=("longformer", "sliding_window"),
          defaults=lambda window, max_length: {"window": window},
          arguments=("block_size", "dilation", "max_global", "window"),
          relative="factorised", memory=True,
          sequence_parallel="sequence_parallel_band_attention", pattern="band_pattern"),
     Kind("bigbird", "sparse_patterns", "bigbird_attention", masks=("bigbird_mask",),
+         paper="BigBird (Zaheer et al. 2020)", summary="window + global + random blocks",
+         aliases=("big_bird",),
          causal="BigBird's global and random blocks are bidirectional (bigbird_attention has "
                 "no causal mode); use sparse, block_local or band for language models.",
          extras="BigBirdSeed",
@@ -190,10 +205,14 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          no_pattern="its per-layer random blocks are not composed with the permutation masks "
                     "yet."),
     Kind("block_local", "sparse_patterns", "block_local_attention",
+         paper="local attention (Image Transformer, Parmar et al. 2018)",
+         summary="contiguous blocks attend within themselves", aliases=("local",),
          masks=("block_local_mask",),
          defaults=lambda window, max_length: {"block_size": max(4, window)},
          arguments=("block_size",), pattern="block_local_pattern"),
     Kind("block_sparse", "block_sparse", "block_sparse_attention",
+         paper="block-sparse attention (Child et al. 2019 layouts)",
+         summary="any static block layout, empty blocks skipped",
          masks=("block_layout_mask",), extras="BlockSparseLayout",
          defaults=lambda window, max_length: {
              "block_size": _block(window), "window_blocks": 1, "global_blocks": 1},
@@ -201,17 +220,24 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          no_pattern="its per-layer block layout is not composed with the permutation masks "
                     "yet."),
     Kind("favor", "favor", "favor_attention", extras="FavorFeatures",
+         paper="Performer (Choromanski et al. 2021)", summary="FAVOR+ random features",
+         aliases=("performer",),
          defaults=lambda window, max_length: {"num_features": 256, "redraw": False},
          arguments=("chunk_size", "kernel", "num_features", "redraw"),
          sequence_parallel="sequence_parallel_favor_attention",
          no_pattern="its random-feature kernel has no per-pair mask beyond causal prefix "
                     "sums."),
     Kind("flash", "flash", "flash_attention", arguments=("block_size",), cost="quadratic",
+         paper="FlashAttention (Dao et al. 2022), the algorithm",
+         summary="exact dense attention in O(L) memory", aliases=("flash_attention",),
          pattern="all_pairs_pattern", copy_of="dot_product"),
     Kind("linear", "linear", "linear_attention", arguments=("chunk_size",),
+         paper="Linear Transformer (Katharopoulos et al. 2020)",
+         summary="elu+1 kernel attention", aliases=("linear_transformer",),
          sequence_parallel="sequence_parallel_linear_attention",
          no_pattern="its kernel attention has no per-pair mask beyond causal prefix sums."),
     Kind("linformer", "linformer", "linformer_attention",
+         paper="Linformer (Wang et al. 2020)", summary="keys and values projected along the length",
          causal="Linformer projects keys and values along the length axis, so every "
                 "compressed key mixes future positions; it cannot be causal.",
          extras="LinformerProjections",
@@ -220,14 +246,19 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          no_pattern="it projects keys and values along the length axis, so every compressed "
                     "key mixes all positions, predicted tokens included."),
     Kind("lsh", "lsh", "lsh_attention", masks=("lsh_pair_counts",), shared_qk=True,
+         paper="Reformer (Kitaev et al. 2020)", summary="LSH buckets, shared query-key",
+         aliases=("reformer",),
          extras="LshKey", defaults=_lsh_defaults,
          arguments=("chunk_size", "num_buckets", "num_hashes"), cost="subquadratic",
          no_pattern="its hash buckets decide the pairs from the data, not from positions."),
     Kind("sparse", "sparse_patterns", "sparse_attention", masks=("strided_mask", "fixed_mask"),
+         paper="Sparse Transformer (Child et al. 2019)", summary="strided or fixed patterns",
+         aliases=("sparse_transformer",),
          defaults=lambda window, max_length: {"pattern": "fixed", "stride": max(4, window)},
          arguments=("block_size", "num_summary_offsets", "pattern", "stride",
                     "summary_width"), cost="subquadratic", pattern="sparse_pattern"),
     Kind("synthesizer", "synthesizer", "synthesizer_attention", extras="SynthesizerParams",
+         paper="Synthesizer (Tay et al. 2021)", summary="synthesized weights mixed with dot product",
          defaults=lambda window, max_length: {"components": "random+dot_product"},
          arguments=("components", "hidden", "k"), cost="quadratic",
          no_pattern="its synthesized weights are per position, not masked pairs of tokens."),
@@ -258,12 +289,40 @@ def defaults(name: str, *, window: int, max_length: int) -> dict[str, Any]:
   return dict(get(name).defaults(window, max_length))
 
 
+def aliases() -> dict[str, str]:
+  """Every alias -> the name of its kind."""
+  return {alias: kind.name for kind in KINDS.values() for alias in kind.aliases}
+
+
+def resolve(name: str) -> str:
+  """The kind name of `name`, a kind's name or one of its aliases (`performer` -> `favor`);
+  an unknown one raises ValueError listing the names and the aliases."""
+  if name in KINDS:
+    return name
+  known = aliases()
+  if name in known:
+    return known[name]
+  listed = ", ".join(f"{alias} ({kind})" for alias, kind in sorted(known.items()))
+  raise ValueError(f"unknown attention {name!r}; valid names: {', '.join(names())}; or a "
+                   f"paper's name: {listed}.")
+
+
+def _check_new_names(kind: Kind) -> None:
+  taken = set(KINDS) | set(aliases())
+  for name in (kind.name, *kind.aliases):
+    if name in taken:
+      raise ValueError(f"attention kind {kind.name!r}: the name {name!r} is already "
+                       f"registered.")
+    taken.add(name)
+
+
 def register(kind: Kind) -> Kind:
   """Adds `kind` to `KINDS` (a kind defined outside this module, or in a test); returns it.
 
-  Raises ValueError when the name is taken or `copy_of` names an unknown kind."""
+  Raises ValueError when its name or an alias is taken or `copy_of` names an unknown kind."""
   if kind.name in KINDS:
     raise ValueError(f"attention kind {kind.name!r} is already registered.")
+  _check_new_names(kind)
   if kind.copy_of is not None:
     get(kind.copy_of)
   KINDS[kind.name] = kind
@@ -287,11 +346,14 @@ def check_permutation(kinds_used: Iterable[str]) -> None:
                        f"{kind.no_pattern} Use mlm, or another kind.")
 
 
+_ALIASES = [alias for kind in KINDS.values() for alias in kind.aliases]
+if len(set(_ALIASES)) != len(_ALIASES) or set(_ALIASES) & set(KINDS):
+  raise ValueError(f"attention kind aliases must be unique and not kind names: {_ALIASES}")
 for _kind in KINDS.values():
   if _kind.copy_of is not None:
     get(_kind.copy_of)
 
 
-__all__ = ["ARGUMENTS", "BACKENDS", "COSTS", "KINDS", "Kind", "RELATIVE_FORMS",
-           "check_permutation", "defaults", "get", "names", "names_where", "register",
+__all__ = ["ARGUMENTS", "BACKENDS", "COSTS", "KINDS", "Kind", "RELATIVE_FORMS", "aliases",
+           "check_permutation", "defaults", "get", "names", "names_where", "register", "resolve",
            "unregister"]

@@ -220,14 +220,15 @@ def task_arg(arg: str | None, *, attention: str | Mapping[str, str] = "dot_produ
              sizes: tuple[str, ...] = ("base", "small")) -> ml_collections.ConfigDict:
   """Parses a task config's `arg` ("attention=NAME,size=S,window=W") and checks the names.
 
-  `attention` is the default kind, or one default per size ({"base": ..., "small": ...}).
+  `attention` is the default kind, or one default per size ({"base": ..., "small": ...}); NAME
+  may be a paper's name (`performer`), which becomes the kind's (`favor`).
   """
   a = parse_arg(arg, attention="", size=sizes[0], window=0)
   if a.size not in sizes:
     raise ValueError(f"unknown size {a.size!r}; valid sizes: {', '.join(sizes)}.")
   if not a.attention:
     a.attention = attention if isinstance(attention, str) else attention[a.size]
-  kinds.get(a.attention)  # raises with the valid names when unknown
+  a.attention = kinds.resolve(a.attention)  # a paper's name -> the kind; unknown: the names
   return a
 
 

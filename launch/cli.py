@@ -36,11 +36,46 @@ from launch import sweep as sweep_launcher
 from launch import train as train_launcher
 
 
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+  widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+  line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+  return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
 def list_names() -> str:
+  """`lra list`: the tasks, and one row per attention kind from its record."""
   from attention import kinds
   from lra import tasks
-  lines = ["tasks:", *(f"  {t}" for t in sorted(tasks.TASKS)),
-           "attention kinds:", *(f"  {a}" for a in kinds.names())]
+  rows = [[k.name, k.paper, k.summary, k.cost, "yes" if k.supports_causal else "no",
+           ",".join(k.backends), ", ".join(k.aliases)]
+          for k in (kinds.get(name) for name in kinds.names())]
+  lines = ["tasks:", *(f"  {t}" for t in sorted(tasks.TASKS)), "", "attention kinds:",
+           *("  " + line for line in _table(
+               ["kind", "paper", "pattern", "cost", "causal", "backends", "also"], rows)),
+           "", "`lra list KIND` shows one kind's record; --attention takes a kind or a name in "
+           "the `also` column."]
+  return "\n".join(lines)
+
+
+def describe_kind(name: str) -> str:
+  """`lra list KIND`: everything the record says about one kind (a paper's name works too)."""
+  from attention import kinds
+  k = kinds.get(kinds.resolve(name))
+  relative = {None: "no", "dense": "yes (its own relative logits)",
+              "factorised": "yes (relative features appended to q and k)"}[k.relative]
+  lines = [
+      f"{k.name}: {k.paper}", f"  pattern: {k.summary}",
+      f"  function: {k.module_path}.{k.function}",
+      f"  also called: {', '.join(k.aliases) or '-'}",
+      f"  cost: {k.cost}", f"  causal: {'yes' if k.supports_causal else 'no: ' + k.causal}",
+      f"  shared query-key: {'yes' if k.shared_qk else 'no'}",
+      f"  arguments (--config.model.attention.NAME): {', '.join(k.arguments) or '-'}",
+      f"  defaults for window=64, length 1024: {kinds.defaults(k.name, window=64, max_length=1024)}",
+      f"  relative positions: {relative}",
+      f"  Transformer-XL memory: {'yes' if k.memory else 'no'}",
+      f"  sequence split over devices: {k.sequence_parallel or 'no'}",
+      f"  MPNet pretraining: {'yes' if k.pattern else 'no: ' + k.no_pattern}",
+      f"  exact copy of: {k.copy_of or '-'}", f"  backends: {', '.join(k.backends)}"]
   return "\n".join(lines)
 
 
@@ -60,7 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   sweep_launcher.add_arguments(sub.add_parser("sweep", help="run a config file's sweep"))
   results_launcher.add_arguments(sub.add_parser("results", help="every run under a folder as "
                                                                  "one table"))
-  sub.add_parser("list", help="list tasks and attention kinds")
+  listing = sub.add_parser("list", help="list tasks and attention kinds (lra list KIND: one "
+                                         "kind's record)")
+  listing.add_argument("kind", nargs="?", help="an attention kind, or a paper's name for one")
   sub.add_parser("launch", help="run on a TPU pod (launch tpu) or a SLURM cluster (launch "
                                 "slurm); see `lra launch tpu --help`", add_help=False)
   data_launcher.add_arguments(sub.add_parser("data", help="dataset status and preparation"))
@@ -74,6 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
       parser.error("--config.* overrides only apply to `lra run`, `lra sweep` and `lra data`.")
     if args.command == "results":
       return results_launcher.run(args)
+    if args.kind is not None:
+      try:
+        print(describe_kind(args.kind))
+      except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+      return 0
     print(list_names())
     return 0
   return train_launcher.run(args, overrides)

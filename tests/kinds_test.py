@@ -116,12 +116,16 @@ def test_a_record_needs_true_or_a_reason_for_causal():
 def test_unknown_name_lists_every_valid_kind_wherever_it_is_checked():
   expected = f"unknown attention 'nope'; valid names: {', '.join(NAMES)}."
   checks = [kinds.get, attention.get, lambda n: split_spec({"kind": n}),
-            lambda n: kinds.defaults(n, window=3, max_length=8),
-            lambda n: common.task_arg(f"attention={n}")]
+            lambda n: kinds.defaults(n, window=3, max_length=8)]
   for check in checks:
     with pytest.raises(ValueError) as info:
       check("nope")
     assert str(info.value) == expected
+  for check in (kinds.resolve, lambda n: common.task_arg(f"attention={n}")):   # names a user types
+    with pytest.raises(ValueError) as info:
+      check("nope")
+    assert str(info.value).startswith(expected[:-1] + "; or a paper's name: ")
+    assert "performer (favor)" in str(info.value)
   with pytest.raises(ValueError, match="valid names: band, bigbird"):
     kinds.get(None)
 

@@ -89,7 +89,7 @@ def test_the_config_check_reads_the_new_record(new_kind):
 @pytest.mark.slow
 def test_lra_list_run_and_the_preflight_take_the_new_kind(new_kind, tmp_path, capsys):
   assert cli.main(["list"]) == 0
-  assert f"  {NAME}" in capsys.readouterr().out.splitlines()
+  assert any(line.startswith(f"  {NAME} ") for line in capsys.readouterr().out.splitlines())
   data = ["--config.data.data_dir", str(tmp_path / "data")]
   workdir = str(tmp_path / "run")
   assert cli.main(["run", "listops", "--size", "small", "--attention", NAME, "--dry_run",
