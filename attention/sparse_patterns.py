@@ -30,9 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention import masks, validation
-from attention.block_sparse import (check_layout, finish, merge_parts, pad_tokens, sparse_core,
-                                    static_take)
+from attention.block_sparse import check_layout, finish, merge_parts, pad_tokens, sparse_core
 from attention.block_sparse_plan import Static, make_plan
+from attention.static_take import static_take
 
 PATTERNS = ("strided", "fixed")
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from attention import block_sparse, block_sparse_plan, masks
-from attention.block_sparse import block_sparse_attention, static_take
+from attention.block_sparse import block_sparse_attention
+from attention.static_take import static_take
 from attention.dot_product import dot_product_attention
 
 TOL = 1e-5
