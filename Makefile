@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-core
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
 
-.PHONY: demo test test-fast bench bench-demo venv bench-venv
+.PHONY: demo test test-fast bench bench-demo venv bench-venv device-wheels
 
 $(STAMP): setup.py
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -45,3 +45,10 @@ bench-venv: $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/attention.py
+
+# Wheels of what the GPU machine lacks (tensorflow-datasets, grain, tokamax, ...), for
+# benchmarks/device_check.py; into the git-ignored device-wheels/cp$(PYTHON_TAG)/ with a manifest.
+# PYTHON_TAG=312 for the GPU machine (default), PYTHON_TAG=311 for the rehearsal here.
+PYTHON_TAG ?= 312
+device-wheels: $(STAMP)
+	$(VENV)/bin/python benchmarks/device_wheels.py --python-tag $(PYTHON_TAG)
