@@ -35,7 +35,11 @@ def _no_arguments(window: int, max_length: int) -> dict[str, Any]:
 
 COSTS = ("quadratic", "subquadratic", "linear")
 RELATIVE_FORMS = ("dense", "factorised")
-BACKENDS = ("xla",)
+# The implementations a kind may have (`attention.backends`): "xla" is the portable one every kind
+# has; "tokamax" (GPU kernels), "splash" (TPU block-sparse kernel), "pallas" (our GPU band kernel).
+BACKENDS = ("xla", "tokamax", "splash", "pallas")
+_DENSE_BACKENDS = ("xla", "tokamax", "splash")
+_BLOCK_MASK_BACKENDS = ("xla", "splash")
 
 # Value rules of the config arguments, by argument name, whichever kind takes them: the smallest
 # integer allowed and what the argument means (for the one-line refusal). A None value is the
@@ -99,7 +103,8 @@ class Kind:
     from_inputs: a function next to `function` that takes the layer's inputs and projection
       kernels instead of q, k and v (the same attention with less work), used when the kind's
       extras say it applies (`takes_inputs`); None when there is none.
-    backends: the implementations that run the kind; "xla" is the portable blocked-einsum one.
+    backends: the implementations that compute the kind (`attention.backends`, which picks one
+      per layer and platform); "xla" is the portable one and every kind has it.
     paper: the paper (or method) whose attention the kind computes, as researchers cite it.
     summary: the pattern in a few words (`lra list`).
     aliases: other names a user may type for it, such as the paper's (`performer` for favor);
@@ -184,7 +189,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("dot_product", "dot_product", "dot_product_attention", cost="quadratic",
          paper="Transformer (Vaswani et al. 2017)", summary="dense softmax attention, the reference",
          aliases=("transformer", "dense"),
-         relative="dense", memory=True, pattern="all_pairs_pattern"),
+         relative="dense", memory=True, pattern="all_pairs_pattern", backends=_DENSE_BACKENDS),
     Kind("band", "band", "band_attention", masks=("longformer_mask",),
          paper="Longformer (Beltagy et al. 2020)",
          summary="sliding window, dilation per head, global tokens",
@@ -192,7 +197,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          defaults=lambda window, max_length: {"window": window},
          arguments=("block_size", "dilation", "max_global", "window"),
          relative="factorised", memory=True,
-         sequence_parallel="sequence_parallel_band_attention", pattern="band_pattern"),
+         sequence_parallel="sequence_parallel_band_attention", pattern="band_pattern",
+         backends=BACKENDS),
     Kind("bigbird", "sparse_patterns", "bigbird_attention", masks=("bigbird_mask",),
          paper="BigBird (Zaheer et al. 2020)", summary="window + global + random blocks",
          aliases=("big_bird",),
@@ -202,6 +208,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          defaults=lambda window, max_length: {
              "block_size": _block(window), "num_global_blocks": 2, "num_random_blocks": 3},
          arguments=("block_size", "num_global_blocks", "num_random_blocks", "seed"),
+         backends=_BLOCK_MASK_BACKENDS,
          no_pattern="its per-layer random blocks are not composed with the permutation masks "
                     "yet."),
     Kind("block_local", "sparse_patterns", "block_local_attention",
@@ -209,7 +216,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          summary="contiguous blocks attend within themselves", aliases=("local",),
          masks=("block_local_mask",),
          defaults=lambda window, max_length: {"block_size": max(4, window)},
-         arguments=("block_size",), pattern="block_local_pattern"),
+         arguments=("block_size",), pattern="block_local_pattern",
+         backends=_BLOCK_MASK_BACKENDS),
     Kind("block_sparse", "block_sparse", "block_sparse_attention",
          paper="block-sparse attention (Child et al. 2019 layouts)",
          summary="any static block layout, empty blocks skipped",
@@ -217,6 +225,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          defaults=lambda window, max_length: {
              "block_size": _block(window), "window_blocks": 1, "global_blocks": 1},
          arguments=("block_size", "global_blocks", "window_blocks"),
+         backends=_BLOCK_MASK_BACKENDS,
          no_pattern="its per-layer block layout is not composed with the permutation masks "
                     "yet."),
     Kind("favor", "favor", "favor_attention", extras="FavorFeatures",
@@ -230,7 +239,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("flash", "flash", "flash_attention", arguments=("block_size",), cost="quadratic",
          paper="FlashAttention (Dao et al. 2022), the algorithm",
          summary="exact dense attention in O(L) memory", aliases=("flash_attention",),
-         pattern="all_pairs_pattern", copy_of="dot_product"),
+         pattern="all_pairs_pattern", copy_of="dot_product", backends=_DENSE_BACKENDS),
     Kind("linear", "linear", "linear_attention", arguments=("chunk_size",),
          paper="Linear Transformer (Katharopoulos et al. 2020)",
          summary="elu+1 kernel attention", aliases=("linear_transformer",),
@@ -256,7 +265,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          aliases=("sparse_transformer",),
          defaults=lambda window, max_length: {"pattern": "fixed", "stride": max(4, window)},
          arguments=("block_size", "num_summary_offsets", "pattern", "stride",
-                    "summary_width"), cost="subquadratic", pattern="sparse_pattern"),
+                    "summary_width"), cost="subquadratic", pattern="sparse_pattern",
+         backends=_BLOCK_MASK_BACKENDS),
     Kind("synthesizer", "synthesizer", "synthesizer_attention", extras="SynthesizerParams",
          paper="Synthesizer (Tay et al. 2021)", summary="synthesized weights mixed with dot product",
          defaults=lambda window, max_length: {"components": "random+dot_product"},

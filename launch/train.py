@@ -238,6 +238,8 @@ def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:
     print(f"mesh{label}: " + " x ".join(f"{k} {v}" for k, v in mesh.shape.items()) +
           f" = {len(devices)} {devices[0].platform} device{'s' * (len(devices) > 1)}")
     print("\n".join(preflight.sharding_table(report)))
+    print(f"attention{label}:")
+    print("\n".join(preflight.attention_lines(c, devices[0].platform)))
     print(f"parameters{label}: {report.param_count:,}")
     print(f"memory{label}:")
     print("\n".join(preflight.memory_lines(report)))

@@ -392,6 +392,42 @@ def sharding_table(report: Report) -> list[str]:
   return lines
 
 
+def layer_backends(config: ml_collections.ConfigDict, platform: str) -> list[tuple[str, str]]:
+  """(kind, backend) of every attention sublayer of `config` on `platform`, as the layers choose
+  them (`attention.backends.choose`; relative positions compute with xla)."""
+  from attention import backends
+  from models import settings as model_settings
+  model = config.model
+  specs = model_settings.layer_specs(model.attention.to_dict(),
+                                     model.get("layer_attention") or (),
+                                     schema.attention_sublayers(model))
+  out = []
+  for spec in specs:
+    kind = spec["kind"]
+    args = {k: v for k, v in spec.items() if k not in ("kind", model_settings.IMPLEMENTATION)}
+    requested = spec.get(model_settings.IMPLEMENTATION) or backends.AUTO
+    backend = "xla" if model.get("pos_emb") == "relative" else backends.choose(
+        kind, args, implementation=requested, platform=platform,
+        global_tokens=bool(model.get("num_global", 0)) and kind == "band")
+    out.append((kind, backend))
+  return out
+
+
+def attention_lines(config: ml_collections.ConfigDict, platform: str) -> list[str]:
+  """Lines naming the backend of every attention layer (runs of equal layers grouped)."""
+  from models import settings as model_settings
+  requested = config.model.attention.get(model_settings.IMPLEMENTATION) or "auto"
+  how = f"auto on {platform}" if requested == "auto" else "asked for"
+  runs: list[list] = []
+  for i, pair in enumerate(layer_backends(config, platform)):
+    if runs and runs[-1][2] == pair:
+      runs[-1][1] = i
+    else:
+      runs.append([i, i, pair])
+  return [f"  {f'layer {a}' if a == b else f'layers {a}-{b}':<12} {kind:<12} {backend} ({how})"
+          for a, b, (kind, backend) in runs]
+
+
 def memory_lines(report: Report) -> list[str]:
   """The estimate per device, program by program, and the verdict."""
   lines = [f"  {'GB per device':<13} {'arguments':>10} {'outputs':>8} {'aliased':>8} "

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 import ml_collections
 
-from attention import kinds
+from attention import backends, kinds
 from models import settings as model_settings
 from models.settings import DTYPES, POOLINGS, POSITIONS, REMATS
 
@@ -194,6 +194,12 @@ def check_attention(spec: Mapping[str, Any], where: str, default_kind: Any = Non
   for name, value in spec.items():
     if name == "kind":
       continue
+    if name == model_settings.IMPLEMENTATION:
+      if value not in backends.IMPLEMENTATIONS:
+        raise ValueError(f"{where}.{name} = {value!r}: must be one of "
+                         f"{', '.join(backends.IMPLEMENTATIONS)} (auto: the fastest exact one "
+                         f"on the platform).")
+      continue
     if name not in accepted:
       valid = (f"takes no argument {name!r}; valid: {', '.join(accepted)}" if accepted
                else "takes no arguments; remove it")
@@ -205,10 +211,13 @@ def check_attention(spec: Mapping[str, Any], where: str, default_kind: Any = Non
       _check_dilation(f"{where}.{name}", value)
 
 
-def _attention_sublayers(model: Any) -> int:
+def attention_sublayers(model: Any) -> int:
   """The number of attention sublayers (num_layers, or the "s" count of model.sublayers)."""
   sublayers = model.get("sublayers") or ""
   return sublayers.count("s") if sublayers else model.get("num_layers")
+
+
+_attention_sublayers = attention_sublayers
 
 
 def _check_order(model: Any) -> None:
@@ -265,6 +274,34 @@ def _check_sequence_split(config: ml_collections.ConfigDict) -> None:
           f"config.mesh.sequence = {mesh['sequence']}: attention {kind!r} cannot run with the "
           f"sequence split over devices; use --attention {', '.join(split[:-1])} or "
           f"{split[-1]}, or --config.mesh.sequence=1.")
+
+
+def _check_implementations(config: ml_collections.ConfigDict) -> None:
+  """A backend named in the attention specs (`implementation`, `attention.backends`) must compute
+  every layer it applies to exactly, and cannot be asked of the paths that compute attention
+  their own way (relative positions, the sequence split over devices)."""
+  model = config.model
+  specs = model_settings.layer_specs(model.attention.to_dict(),
+                                     model.get("layer_attention") or (),
+                                     attention_sublayers(model))
+  mesh = _get(config, "mesh")
+  split = mesh is not _MISSING and dict(mesh).get("sequence", 1) not in (1, None)
+  for i, spec in enumerate(specs):
+    requested = spec.get(model_settings.IMPLEMENTATION) or backends.AUTO
+    if requested in (backends.AUTO, "xla"):
+      continue
+    field = f"config.model.attention.{model_settings.IMPLEMENTATION} = {requested!r}"
+    if model.get("pos_emb") == "relative":
+      raise ValueError(f"{field}: relative positions (pos_emb='relative') are computed by the "
+                       f"xla implementation only; use auto or xla.")
+    if split:
+      raise ValueError(f"{field}: the sequence split over devices (config.mesh.sequence > 1) "
+                       f"runs the xla implementation only; use auto or xla.")
+    args = {k: v for k, v in spec.items() if k not in ("kind", model_settings.IMPLEMENTATION)}
+    reason = backends.unable(spec.get("kind"), requested, args,
+                             global_tokens=bool(model.get("num_global", 0)))
+    if reason is not None:
+      raise ValueError(f"{field} (layer {i}): {reason} Use auto to pick one that does, or xla.")
 
 
 def check_memory(config) -> None:
@@ -329,6 +366,7 @@ def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
         check_attention(model.attention, "config.model.attention")
         _check_layer_attention(model)
         _check_sequence_split(config)
+        _check_implementations(config)
       if "memory_length" in model:   # Transformer-XL / compressive memory (configs/charlm.py)
         check_memory(config)
   except ValueError as e:
@@ -343,4 +381,4 @@ def check_data(config: ml_collections.ConfigDict) -> None:
 
 
 __all__ = ["COMPRESSIONS", "DTYPES", "FIELDS", "MESH_AXES", "POOLINGS", "POSITIONS", "REMATS",
-           "SCHEDULES", "arg_items", "check", "check_attention", "check_data", "check_memory"]
+           "SCHEDULES", "arg_items", "attention_sublayers", "check", "check_attention", "check_data", "check_memory"]

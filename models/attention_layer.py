@@ -2,10 +2,13 @@
 
 `spec` is a dict such as `{"kind": "band", "window": 64, "dilation": (1, 1, 2, 2)}`: `kind` is a
 name in `attention.kinds.KINDS` and every other entry is a keyword argument of that kind's
-primitive (except those the kind's extras class consumes; see `models.attention_extras`). The
+primitive (except `implementation`, the backend, and those the kind's extras class consumes;
+see `models.attention_extras`). The
 kind's record says whether it can be causal, whether q and k are one projection and which
 extras class owns its per-layer arrays. The layer computes `q, k, v: [B, L, H, Dh]`, calls
-`attention.get(kind)(q, k, v, key_mask=..., **args)` and projects the heads back to `[B, L, E]`.
+the kind's function through its backend (`attention.backends.function(kind, implementation)`:
+the kind's own portable function, or a kernel with the same keyword interface)
+`(q, k, v, key_mask=..., **args)` and projects the heads back to `[B, L, E]`.
 A kind whose record names a `from_inputs` function is the exception when its extras allow it
 (Linformer with length projections shared by the heads): the layer hands it the key and value
 inputs and kernels (`attention.linformer.linformer_from_inputs`), which projects along the
@@ -27,8 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import attention
-from attention import kinds
+from attention import backends, kinds
 from attention import relative, rotary
 from models import attention_extras, sequence, settings
 from models.embeddings import sinusoidal_table
@@ -44,14 +46,22 @@ def _kernel(rngs: nnx.Rngs, shape, names, fan_in: int, fan_out: int) -> nnx.Para
 
 
 def split_spec(spec: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-  """Returns (kind, args) from an attention spec dict; checks the kind exists."""
+  """Returns (kind, args) from an attention spec dict; checks the kind exists. The spec's
+  `implementation` (its backend, see `implementation_of`) is not an argument of the kind."""
   spec = dict(spec)
+  spec.pop(settings.IMPLEMENTATION, None)
   if "kind" not in spec:
     raise ValueError(f"attention spec {spec} has no 'kind'; give one of: "
                      f"{', '.join(kinds.names())}.")
   kind = spec.pop("kind")
   kinds.get(kind)  # raises with the valid names when unknown
   return kind, spec
+
+
+def implementation_of(spec: Mapping[str, Any]) -> str:
+  """The backend an attention spec asks for: `auto` (the default) or a name in
+  `attention.backends.IMPLEMENTATIONS`."""
+  return str(spec.get(settings.IMPLEMENTATION) or backends.AUTO)
 
 
 class MultiHeadAttention(nnx.Module):
@@ -67,12 +77,18 @@ class MultiHeadAttention(nnx.Module):
     shared_extras: an extras module shared with other layers (built by the encoder when the
       kind's extras class says `shared_across_layers`, e.g. Linformer `sharing="layer"`).
     layer_index: the layer's depth (seeds per-layer patterns such as BigBird's random blocks).
+    global_tokens: the layer gives its kind global tokens (LED's encoder), which some backends
+      cannot compute.
+
+  The backend computing the attention (`attention.backends`) is chosen here, once: the spec's
+  `implementation`, `auto` by default (by platform and pattern). Relative positions compute
+  their attention with `xla` only.
   """
 
   def __init__(self, emb_dim: int, num_heads: int, qkv_dim: int, spec: Mapping[str, Any], *,
                max_length: int, causal: bool = False, shared_extras: nnx.Module | None = None,
                layer_index: int = 0, positions: Mapping[str, Any] | None = None,
-               rngs: nnx.Rngs):
+               global_tokens: bool = False, rngs: nnx.Rngs):
     settings.check_heads(num_heads, qkv_dim)
     self.kind, args = split_spec(spec)
     record = self.record = kinds.get(self.kind)
@@ -107,6 +123,12 @@ class MultiHeadAttention(nnx.Module):
       zeros = nnx.initializers.zeros_init()
       self.u = param(rngs, zeros, (num_heads, head_dim), ("heads", "head_dim"))
       self.v_bias = param(rngs, zeros, (num_heads, head_dim), ("heads", "head_dim"))
+    requested = implementation_of(spec)
+    if self.pos_kind == "relative" and requested not in (backends.AUTO, "xla"):
+      raise ValueError(f"implementation={requested} with pos_emb='relative': relative positions "
+                       f"are computed by the xla implementation only; use auto or xla.")
+    self.implementation = "xla" if self.pos_kind == "relative" else backends.choose(
+        self.kind, self.args, implementation=requested, global_tokens=global_tokens)
     if shared_extras is not None:
       self.extras = shared_extras
     else:
@@ -161,7 +183,7 @@ class MultiHeadAttention(nnx.Module):
     if sequence.devices() > 1:                                             # length split
       out = sequence.attend(self.kind, q, k, v, key_mask, kwargs)
       return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))
-    fn = attention.get(self.kind)
+    fn = backends.function(self.kind, self.implementation)
     if self.shared_qk:
       out = fn(q, v, key_mask=key_mask, **kwargs)                          # [B, L, H, Dh]
     else:

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attention
+from attention import backends
 from models import sequence, settings
 from models.attention_layer import MultiHeadAttention, split_spec
 from models.embeddings import sinusoidal_table
@@ -48,7 +49,7 @@ class GlobalBandAttention(MultiHeadAttention):
   """
 
   def __init__(self, *args, num_global: int, **kwargs):
-    super().__init__(*args, **kwargs)
+    super().__init__(*args, global_tokens=int(num_global) > 0, **kwargs)
     self.num_global = int(num_global)
 
   def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
@@ -62,8 +63,9 @@ class GlobalBandAttention(MultiHeadAttention):
       key_mask = jnp.ones((b, length), bool)
     glob = (jnp.arange(length) < self.num_global)[None, :] & key_mask          # [B, L]
     args = {**self.args, "max_global": max(self.args.get("max_global") or 0, self.num_global)}
-    out = attention.band_attention(proj(self.query), proj(self.key), proj(self.value),
-                                   key_mask=key_mask, global_mask=glob, **args)  # [B, L, H, Dh]
+    band = backends.function(self.kind, self.implementation)
+    out = band(proj(self.query), proj(self.key), proj(self.value), key_mask=key_mask,
+               global_mask=glob, **args)                                   # [B, L, H, Dh]
     return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))  # [B, L, E]
 
 

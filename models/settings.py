@@ -92,6 +92,10 @@ def sublayer_order(num_layers: int, sublayers: str = "", sandwich: int = 0) -> s
   return "s" * k + "sf" * (num_layers - k) + "f" * k
 
 
+# The attention spec's entry naming its backend (`attention.backends`): not a kind argument.
+IMPLEMENTATION = "implementation"
+
+
 def layer_specs(attention: Mapping[str, Any], layer_attention: Sequence[Mapping[str, Any]],
                 num_layers: int) -> list[dict[str, Any]]:
   """One attention spec per layer: `attention` updated by `layer_attention[i]` when given.
@@ -108,7 +112,8 @@ def layer_specs(attention: Mapping[str, Any], layer_attention: Sequence[Mapping[
     spec = dict(attention)
     override = dict(layer_attention[i]) if layer_attention else {}
     if "kind" in override and override["kind"] != spec.get("kind"):
-      spec = {}  # a different kind does not inherit the default kind's arguments
+      # a different kind does not inherit the default kind's arguments, only the backend choice
+      spec = {k: v for k, v in spec.items() if k == IMPLEMENTATION}
     spec.update(override)
     specs.append(spec)
   return specs
@@ -180,6 +185,7 @@ class ModelSettings:
   segment_length: int = 0
   eval_memory_length: int = 0
   clamp_len: int = 0
+  same_length: bool = False
   compression: str = "conv"
   compression_rate: int = 1
 
@@ -209,6 +215,8 @@ class ModelSettings:
     for name in ("remat", "dtype", "compression"):
       if name in values:
         values[name] = str(values[name])
+    if "same_length" in values:
+      values["same_length"] = bool(values["same_length"])
     if "rotary_base" in values:
       values["rotary_base"] = float(values["rotary_base"])
     for name in ("num_global", "memory_length", "compressed_length", "segment_length",

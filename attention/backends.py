@@ -1,0 +1,115 @@
+"""Which implementation computes a layer's attention, chosen per kind, pattern and platform.
+
+A kind's record (`attention.kinds`) lists the backends that compute it (`Kind.backends`); each
+backend is a module with one function per kind, with the keyword interface of the kind's
+portable function, so the layer calls either the same way:
+
+| backend | module | computes | where it is fast |
+|---|---|---|---|
+| `xla` | the kind's own module | every kind: blocked einsums composed by XLA | everywhere; the CPU default |
+| `tokamax` | `attention.tokamax_backend` | dense, causal, padded, band without dilation or globals | GPU (Mosaic GPU / Triton / cuDNN kernels) |
+| `splash` | `attention.splash` | every pattern that is a block mask: band (per-head dilation, globals), BigBird, strided/fixed, block-local, block-sparse, dense | TPU (splash attention skips empty blocks) |
+| `pallas` | `attention.pallas_band` | band with per-head dilation and global tokens | GPU (our Pallas kernel) |
+
+`config.model.attention.implementation` is `auto` (the default) or one of those names. `auto`
+resolves per layer, at build time, from the platform (`choose`):
+- GPU: tokamax for dense layers and for band layers that have no dilation and no global tokens,
+  our Pallas kernel for band layers with dilation or global tokens, `xla` for the rest;
+- TPU: splash for every kind it computes, `xla` for the rest;
+- anywhere else (the CPU): `xla`.
+A backend named explicitly must compute the layer's pattern exactly (`check`): asking tokamax
+for a dilated band is refused in one line, not approximated. On a platform without the
+backend's kernels, `splash` and `pallas` run in Pallas interpret mode (slow; for tests) and
+tokamax runs its XLA implementation.
+
+Paths that compute attention their own way use `xla` whatever `auto` says: relative positions
+(Transformer-XL), a memory of past segments, the sequence split over devices, MPNet's permutation
+masks; naming another backend with those is refused by the config check (`lra.schema`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Mapping
+
+from attention import kinds
+
+AUTO = "auto"
+IMPLEMENTATIONS = (AUTO,) + kinds.BACKENDS
+
+# backend -> module holding its functions (the `xla` functions are the kinds' own).
+MODULES = {"tokamax": "attention.tokamax_backend", "splash": "attention.splash",
+           "pallas": "attention.pallas_band"}
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+def _dilated(args: Mapping[str, Any]) -> bool:
+  dilation = args.get("dilation", 1)
+  values = dilation if isinstance(dilation, (list, tuple)) else (dilation,)
+  return any(int(d) != 1 for d in values)
+
+
+def unable(kind: str, backend: str, args: Mapping[str, Any], *,
+           global_tokens: bool = False) -> str | None:
+  """None when `backend` computes kind `kind` with config arguments `args` exactly; otherwise
+  the reason (one sentence). `global_tokens`: the layer has global tokens (LED's encoder)."""
+  record = kinds.get(kind)
+  if backend not in kinds.BACKENDS:
+    return f"unknown implementation {backend!r}; valid: {', '.join(IMPLEMENTATIONS)}."
+  if backend not in record.backends:
+    return (f"attention {kind!r} has no {backend} implementation (it has "
+            f"{', '.join(record.backends)}).")
+  if backend == "tokamax" and kind == "band":
+    if _dilated(args):
+      return "tokamax's local window has no dilation."
+    if global_tokens:
+      return "tokamax's local window has no global tokens."
+  return None
+
+
+def choose(kind: str, args: Mapping[str, Any] | None = None, *, implementation: str = AUTO,
+           platform: str | None = None, global_tokens: bool = False) -> str:
+  """The backend of a layer of kind `kind` with config arguments `args` on `platform` (default:
+  jax's default backend). `implementation` other than `auto` is checked and returned; an
+  impossible one raises ValueError saying what to use instead."""
+  args = dict(args or {})
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation {implementation!r} is unknown; valid: "
+                     f"{', '.join(IMPLEMENTATIONS)}.")
+  if implementation != AUTO:
+    reason = unable(kind, implementation, args, global_tokens=global_tokens)
+    if reason is not None:
+      raise ValueError(f"implementation={implementation} for attention {kind!r}: {reason} "
+                       f"Use implementation=auto to pick one that does.")
+    return implementation
+  if platform is None:
+    import jax
+    platform = jax.default_backend()
+  if platform == "gpu":
+    if unable(kind, "tokamax", args, global_tokens=global_tokens) is None:
+      return "tokamax"
+    if unable(kind, "pallas", args, global_tokens=global_tokens) is None:
+      return "pallas"
+  elif platform == "tpu":
+    if unable(kind, "splash", args, global_tokens=global_tokens) is None:
+      return "splash"
+  return "xla"
+
+
+def function(kind: str, implementation: str = AUTO, *, args: Mapping[str, Any] | None = None,
+             platform: str | None = None, global_tokens: bool = False) -> Callable:
+  """The function computing kind `kind` through `implementation` (resolved by `choose`), with
+  the keyword interface of the kind's portable function."""
+  backend = choose(kind, args, implementation=implementation, platform=platform,
+                   global_tokens=global_tokens)
+  record = kinds.get(kind)
+  if backend == "xla":
+    import attention
+    return attention.get(kind)
+  module = importlib.import_module(MODULES[backend])
+  if not hasattr(module, record.function) and record.copy_of is not None:
+    record = kinds.get(record.copy_of)     # `flash` is dense attention: the same function
+  return getattr(module, record.function)
+
+
+__all__ = ["AUTO", "IMPLEMENTATIONS", "MODULES", "PLATFORMS", "choose", "function", "unable"]

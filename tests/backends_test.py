@@ -1,0 +1,234 @@
+"""The backends of the attention kinds (attention/backends.py): which one `auto` picks on each
+platform, the refusals of a backend that cannot compute a layer, the tokamax backend against the
+dense reference, and the layer and config check choosing them."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import attention
+import configs
+from attention import backends, kinds, masks, tokamax_backend
+from lra import schema
+from models.attention_layer import MultiHeadAttention
+
+# What `auto` must pick, written from the table in docs/accelerators.md (not from the code):
+# (kind, args, global tokens) -> backend on gpu, tpu, cpu.
+AUTO = [
+    ("dot_product", {}, False, ("tokamax", "splash", "xla")),
+    ("flash", {"block_size": 64}, False, ("tokamax", "splash", "xla")),
+    ("band", {"window": 64}, False, ("tokamax", "splash", "xla")),
+    ("band", {"window": 64, "dilation": 1}, False, ("tokamax", "splash", "xla")),
+    ("band", {"window": 64, "dilation": (1, 1, 1, 1)}, False, ("tokamax", "splash", "xla")),
+    ("band", {"window": 64, "dilation": 2}, False, ("pallas", "splash", "xla")),
+    ("band", {"window": 64, "dilation": (1, 1, 2, 4)}, False, ("pallas", "splash", "xla")),
+    ("band", {"window": 64}, True, ("pallas", "splash", "xla")),
+    ("bigbird", {"block_size": 32}, False, ("xla", "splash", "xla")),
+    ("sparse", {"pattern": "fixed", "stride": 32}, False, ("xla", "splash", "xla")),
+    ("block_local", {"block_size": 32}, False, ("xla", "splash", "xla")),
+    ("block_sparse", {"block_size": 32}, False, ("xla", "splash", "xla")),
+    ("favor", {}, False, ("xla", "xla", "xla")),
+    ("linear", {}, False, ("xla", "xla", "xla")),
+    ("linformer", {"k": 32}, False, ("xla", "xla", "xla")),
+    ("lsh", {}, False, ("xla", "xla", "xla")),
+    ("synthesizer", {}, False, ("xla", "xla", "xla")),
+]
+
+
+@pytest.mark.parametrize("kind,args,global_tokens,expected", AUTO)
+def test_auto_picks_the_fastest_exact_backend_of_each_platform(kind, args, global_tokens,
+                                                               expected):
+  got = tuple(backends.choose(kind, args, platform=p, global_tokens=global_tokens)
+              for p in ("gpu", "tpu", "cpu"))
+  assert got == expected
+
+
+def test_every_kind_is_in_the_table_and_auto_picks_only_listed_backends():
+  assert {row[0] for row in AUTO} == set(kinds.names())
+  for kind, args, global_tokens, _ in AUTO:
+    for platform in backends.PLATFORMS:
+      assert backends.choose(kind, args, platform=platform,
+                             global_tokens=global_tokens) in kinds.get(kind).backends
+
+
+def test_auto_on_this_machine_is_xla():
+  assert jax.default_backend() == "cpu"
+  assert backends.choose("band", {"window": 8}) == "xla"
+  assert backends.function("band") is attention.band_attention
+
+
+@pytest.mark.parametrize("kind,implementation,args,global_tokens,message", [
+    ("favor", "splash", {}, False, "'favor' has no splash implementation"),
+    ("bigbird", "tokamax", {}, False, "'bigbird' has no tokamax implementation"),
+    ("dot_product", "pallas", {}, False, "'dot_product' has no pallas implementation"),
+    ("band", "tokamax", {"dilation": (1, 2)}, False, "no dilation"),
+    ("band", "tokamax", {}, True, "no global tokens"),
+    ("band", "cuda", {}, False, "unknown; valid: auto, xla, tokamax, splash, pallas"),
+])
+def test_a_backend_that_cannot_compute_the_layer_is_refused(kind, implementation, args,
+                                                            global_tokens, message):
+  with pytest.raises(ValueError, match=message):
+    backends.choose(kind, args, implementation=implementation, global_tokens=global_tokens)
+
+
+def test_explicit_backends_are_returned_whatever_the_platform():
+  for platform in backends.PLATFORMS:
+    assert backends.choose("band", {"dilation": 3}, implementation="pallas",
+                           platform=platform) == "pallas"
+    assert backends.choose("band", {}, implementation="xla", platform=platform) == "xla"
+
+
+def test_function_finds_each_backends_function_by_the_kinds_name():
+  assert backends.function("band", "tokamax") is tokamax_backend.band_attention
+  assert backends.function("flash", "tokamax") is tokamax_backend.flash_attention
+  assert backends.function("dot_product", "tokamax") is tokamax_backend.dot_product_attention
+  assert backends.function("favor", "xla") is attention.favor_attention
+
+
+# ---- the tokamax backend against the dense reference ----
+
+def _inputs(rng, b, length, h, d, dtype=jnp.float32):
+  return [jnp.asarray(rng.normal(size=(b, length, h, d)), dtype) for _ in range(4)]
+
+
+def _out_and_grads(fn, q, k, v, ct):
+  out, vjp = jax.vjp(fn, q, k, v)
+  return dict(zip(("out", "dq", "dk", "dv"), (out, *vjp(ct))))
+
+
+def _key_mask(rng, b, length):
+  lengths = rng.integers(1, length + 1, size=b)
+  lengths[-1] = 0                                    # an all-padding row
+  return jnp.asarray(np.arange(length)[None] < lengths[:, None])
+
+
+# (length, heads, head_dim, window, causal, padding): lengths that are not a multiple of any
+# block, shorter than a block, a window of 0 and one longer than the sequence.
+TOKAMAX_BAND = [
+    (37, 3, 8, 5, False, True),
+    (37, 3, 8, 5, True, True),
+    (5, 2, 16, 3, False, True),
+    (130, 1, 8, 0, False, False),
+    (130, 2, 8, 200, True, False),
+    (64, 4, 4, 16, False, False),
+]
+
+
+@pytest.mark.parametrize("length,heads,head_dim,window,causal,padding", TOKAMAX_BAND)
+def test_tokamax_band_equals_the_dense_reference(length, heads, head_dim, window, causal,
+                                                 padding):
+  rng = np.random.default_rng(length * 7 + window)
+  q, k, v, ct = _inputs(rng, 3, length, heads, head_dim)
+  key_mask = _key_mask(rng, 3, length) if padding else None
+  mask = masks.longformer_mask(length, window=window, causal=causal, key_mask=key_mask)
+  got = _out_and_grads(lambda q, k, v: tokamax_backend.band_attention(
+      q, k, v, window=window, causal=causal, key_mask=key_mask), q, k, v, ct)
+  want = _out_and_grads(lambda q, k, v: attention.dot_product_attention(
+      q, k, v, mask=mask, key_mask=key_mask), q, k, v, ct)
+  chex.assert_trees_all_close(got, want, atol=1e-5, rtol=1e-5)
+  if padding:   # padded queries output exactly 0
+    assert np.all(np.asarray(got["out"])[~np.asarray(key_mask)] == 0)
+
+
+@pytest.mark.parametrize("fn", ["dot_product_attention", "flash_attention"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tokamax_dense_equals_the_dense_reference(fn, causal):
+  rng = np.random.default_rng(3)
+  q, k, v, ct = _inputs(rng, 2, 45, 3, 16)
+  key_mask = _key_mask(rng, 2, 45)
+  got = _out_and_grads(lambda q, k, v: getattr(tokamax_backend, fn)(
+      q, k, v, causal=causal, key_mask=key_mask), q, k, v, ct)
+  want = _out_and_grads(lambda q, k, v: attention.dot_product_attention(
+      q, k, v, causal=causal, key_mask=key_mask), q, k, v, ct)
+  chex.assert_trees_all_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_tokamax_in_bfloat16_is_within_bfloat16_tolerance():
+  rng = np.random.default_rng(4)
+  q, k, v, _ = _inputs(rng, 2, 70, 2, 32, jnp.bfloat16)
+  mask = masks.longformer_mask(70, window=9)
+  got = tokamax_backend.band_attention(q, k, v, window=9)
+  assert got.dtype == jnp.bfloat16
+  want = attention.dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)),
+                                         mask=mask)
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=3e-2)
+
+
+def test_tokamax_band_refuses_what_its_window_cannot_express():
+  q = jnp.ones((1, 8, 2, 4))
+  with pytest.raises(ValueError, match="no dilation.*implementation=pallas"):
+    tokamax_backend.band_attention(q, q, q, window=2, dilation=(1, 2))
+  with pytest.raises(ValueError, match="no global tokens"):
+    tokamax_backend.band_attention(q, q, q, window=2, global_mask=jnp.ones((1, 8), bool))
+  with pytest.raises(ValueError, match="no general mask"):
+    tokamax_backend.dot_product_attention(q, q, q, mask=jnp.ones((8, 8), bool))
+
+
+# ---- the layer and the config ----
+
+@pytest.mark.parametrize("spec", [{"kind": "band", "window": 3}, {"kind": "dot_product"},
+                                  {"kind": "flash", "block_size": 8}])
+def test_the_layer_through_tokamax_equals_the_layer_through_xla(spec):
+  x = jnp.asarray(np.random.default_rng(5).normal(size=(2, 21, 16)), jnp.float32)
+  key_mask = jnp.asarray(np.arange(21)[None] < np.array([[21], [13]]))
+  outs = {}
+  for implementation in ("xla", "tokamax"):
+    layer = MultiHeadAttention(16, 4, 16, {**spec, "implementation": implementation},
+                               max_length=21, causal=spec["kind"] == "band",
+                               rngs=nnx.Rngs(0))
+    assert layer.implementation == implementation
+    outs[implementation] = layer(x, key_mask)
+  np.testing.assert_allclose(outs["tokamax"], outs["xla"], atol=1e-5)
+
+
+def test_the_layer_refuses_an_impossible_backend_and_relative_positions_with_one():
+  with pytest.raises(ValueError, match="no splash implementation"):
+    MultiHeadAttention(8, 2, 8, {"kind": "linear", "implementation": "splash"}, max_length=8,
+                       rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="relative positions"):
+    MultiHeadAttention(8, 2, 8, {"kind": "band", "window": 2, "implementation": "tokamax"},
+                       max_length=8, positions={"kind": "relative"}, rngs=nnx.Rngs(0))
+  layer = MultiHeadAttention(8, 2, 8, {"kind": "band", "window": 2}, max_length=8,
+                             positions={"kind": "relative"}, rngs=nnx.Rngs(0))
+  assert layer.implementation == "xla"
+
+
+def _config(task="listops", attention="band", **overrides):
+  return configs.build_config(task, attention=attention, size="small",
+                              overrides=[(k, str(v)) for k, v in overrides.items()])
+
+
+@pytest.mark.parametrize("attention,overrides,message", [
+    ("band", {"model.attention.implementation": "cuda"}, "must be one of auto, xla"),
+    ("favor", {"model.attention.implementation": "splash"}, "'favor' has no splash"),
+    ("band", {"model.attention.implementation": "tokamax", "model.attention.dilation": 2},
+     r"\(layer 0\): tokamax's local window has no dilation"),
+    ("band", {"model.attention.implementation": "pallas", "model.pos_emb": "relative"},
+     "relative positions"),
+    ("band", {"model.attention.implementation": "splash", "mesh.sequence": 2},
+     "sequence split over devices"),
+])
+def test_the_config_check_refuses_a_backend_that_cannot_run_in_one_line(attention, overrides,
+                                                                        message):
+  with pytest.raises(ValueError, match=message) as e:
+    schema.check(_config(attention=attention, **overrides))
+  assert "\n" not in str(e.value)
+
+
+def test_a_layer_of_another_kind_inherits_the_backend_and_is_checked():
+  config = _config(**{"model.attention.implementation": "pallas"})
+  schema.check(config)
+  with config.model.unlocked():
+    config.model.layer_attention = tuple(
+        {"kind": "dot_product"} if i == 1 else {} for i in range(config.model.num_layers))
+  with pytest.raises(ValueError, match=r"\(layer 1\): attention 'dot_product' has no pallas"):
+    schema.check(config)
+
+
+def test_auto_and_xla_pass_the_config_check_for_every_kind():
+  for kind in kinds.names():
+    for implementation in ("auto", "xla"):
+      schema.check(_config(attention=kind, **{"model.attention.implementation": implementation}))
