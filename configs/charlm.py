@@ -143,6 +143,21 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
   c.batch_size = first["batch_size"]
   c.warmup_steps = first["warmup_steps"]
 
+  # Transformer-XL memory and the Compressive Transformer (models/memory.py, docs/recurrence.md):
+  # n_m cached layer inputs per layer, n_cm compressed slots fed at rate c; a memory needs the
+  # training batches as contiguous streams (data.streams = batch_size).
+  c.model.memory_length = 0
+  c.model.compressed_length = 0
+  c.model.compression = "conv"        # mean | max | conv
+  c.model.compression_rate = 1
+  c.model.segment_length = 0          # evaluation segments through the memory (0: memory_length)
+  c.model.eval_memory_length = 0      # evaluation memory states per layer (0: memory_length)
+  c.model.clamp_len = 0               # evaluation's relative distances clamped (0: not clamped)
+  c.model.same_length = False         # evaluation: every query sees as many keys as the memory
+  c.data.streams = 0                  # rows of contiguous training streams (0: shuffled windows)
+  c.data.eval_streams = 0             # evaluation splits as rows of contiguous streams (0: windows)
+  if memory:   # the memory sizes set the layers: the per-layer windows follow them
+    _memory_sizes(c, memory, a.size)
   n = c.model.num_layers
   if a.attention == "band":
     windows = layer_windows(max(multiple, top // ratio), top, n, multiple)
@@ -158,20 +173,7 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
   # Transformer-XL relative positions, as the Longformer character LM (no parameter depends on
   # the length, so the phases can change it); kinds without them keep sinusoids.
   c.model.pos_emb = "relative" if kinds.get(a.attention).relative else "sinusoidal"
-  # Transformer-XL memory and the Compressive Transformer (models/memory.py, docs/recurrence.md):
-  # n_m cached layer inputs per layer, n_cm compressed slots fed at rate c; a memory needs the
-  # training batches as contiguous streams (data.streams = batch_size).
-  c.model.memory_length = 0
-  c.model.compressed_length = 0
-  c.model.compression = "conv"        # mean | max | conv
-  c.model.compression_rate = 1
-  c.model.segment_length = 0          # evaluation segments through the memory (0: memory_length)
-  c.model.eval_memory_length = 0      # evaluation memory states per layer (0: memory_length)
-  c.model.clamp_len = 0               # evaluation's relative distances clamped (0: not clamped)
-  c.data.streams = 0                  # rows of contiguous training streams (0: shuffled windows)
-  c.data.eval_streams = 0             # evaluation splits as rows of contiguous streams (0: windows)
   if memory:
-    _memory_sizes(c, memory, a.size)
     c.config_arg = f"attention={a.attention},size={memory}-{a.size},window={a.window}"
   else:
     c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
@@ -196,8 +198,10 @@ def _memory_sizes(c: ml_collections.ConfigDict, memory: str, size: str) -> None:
     c.model.num_heads, c.model.mlp_dim, c.model.dropout = 8, 2048, 0.1
     c.num_train_steps, c.batch_size, c.learning_rate = 400_000, 22, 2.5e-4
     c.data.max_length = c.model.memory_length = 512
-    # Evaluated as the paper: the split as contiguous rows, segments of 80, memory 2100, clamp 820.
+    # Evaluated as the paper: the split as contiguous rows, segments of 80, memory 2100, clamp
+    # 820, and `same_length` (every query sees 2,100 keys, itself included).
     c.model.segment_length, c.model.eval_memory_length, c.model.clamp_len = 80, 2100, 820
+    c.model.same_length = True
     c.data.eval_streams = c.eval_batch_size
   else:
     c.model.num_layers, c.model.emb_dim, c.model.qkv_dim = 24, 1024, 1024

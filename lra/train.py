@@ -66,10 +66,23 @@ def check_layers(config: ml_collections.ConfigDict, task) -> None:
   for MPNet's permutation masks); one-line ValueError saying what to change. The config's own
   values are checked by `lra.schema.check`, once, by the entry point (`lra run`, or
   `train_and_evaluate` when no preflight planned the run)."""
+  from lra.schema import _attention_sublayers   # the one count of attention sublayers
   from models.settings import layer_specs
   specs = layer_specs(config.model.attention.to_dict(), config.model.layer_attention,
-                      config.model.num_layers)
+                      _attention_sublayers(config.model))
   task.check_layers([attention_kinds.get(spec.get("kind")).name for spec in specs])
+
+
+def check_init_length(config: ml_collections.ConfigDict, max_length: int) -> None:
+  """`init_length` (the `init_from` run's max_length, whose learned position tables are tiled
+  to this run's `max_length` rows) must not exceed `max_length`: a longer table cannot be tiled,
+  and keeping its first rows would drop positions silently."""
+  init_length = int(config.get("init_length", 0) or 0)
+  if init_length > max_length:
+    raise ValueError(f"config.init_length = {init_length} is longer than this run's max_length "
+                     f"{max_length}: a run can start only from a run at most as long (its "
+                     f"position table is tiled); use 0 for the same length or a longer "
+                     f"config.data.max_length.")
 
 
 def _stop_message(signum: int) -> str:
@@ -160,6 +173,7 @@ class Trainer:
         raise ValueError(f"config.{field} = {config[field]}: {e}") from None
     self.rules = tuple(tuple(r) for r in config.axis_rules)
     cfg = self.model_cfg = model_config(config, self.task)
+    check_init_length(config, cfg["max_length"])
     seed = int(config.seed)
     task = self.task
 

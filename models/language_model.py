@@ -41,28 +41,34 @@ class LanguageModel(nnx.Module):
     # Evaluation's relative distances clamped to this (0: not clamped; Transformer-XL's enwik8
     # recipe trains unclamped and evaluates with clamp_len 820).
     self.clamp_len = s.clamp_len
-    # One compression function per layer (models/memory.py), when there is a compressed memory.
+    # Evaluation as Transformer-XL's `same_length`: every query sees the same number of keys.
+    self.same_length = s.same_length
+    # One compression function per attention sublayer (models/memory.py), when there is a
+    # compressed memory.
     self.compress = nnx.List([
         memory_lib.Compression(s.compression, s.compression_rate, s.emb_dim, rngs=rngs)
-        for _ in range(s.num_layers)]) if self.compressed_length else None
+        for _ in range(memory_lib.memory_layers(s))]) if self.compressed_length else None
 
   def init_memory(self, batch: int, length: int | None = None) -> dict[str, jax.Array]:
     """An empty Transformer-XL (and compressed) memory for `batch` streams, of `length` states
     per layer (None: `memory_length`; `eval_memory_length` for evaluation)."""
     length = self.memory_length if length is None else int(length)
-    return memory_lib.init_state(len(self.encoder.blocks), batch, self.encoder.embed.embedding
-                                 .shape[-1], length, self.compressed_length)
+    layers = sum(hasattr(block, "attention") for block in self.encoder.blocks)
+    return memory_lib.init_state(layers, batch, self.encoder.embed.embedding.shape[-1], length,
+                                 self.compressed_length)
 
-  def __call__(self, inputs: jax.Array, *, rng=None, memory=None, clamp_len: int = 0):
+  def __call__(self, inputs: jax.Array, *, rng=None, memory=None, clamp_len: int = 0,
+               same_length: bool = False):
     """inputs `[B, L]` int32 (0 = padding) -> next-token logits `[B, L, vocab]` float32.
 
     With `memory` (a state from `init_memory` or a previous call) returns (logits, new memory,
-    attention-reconstruction loss), relative distances clamped to `clamp_len` (0: not; the
-    evaluation passes `self.clamp_len`); see models/memory.py.
+    attention-reconstruction loss), relative distances clamped to `clamp_len` (0: not) and, with
+    `same_length`, every query seeing as many keys as the memory holds (the evaluation passes
+    `self.clamp_len` and `self.same_length`); see models/memory.py.
     """
     if memory is not None:
       x, memory, recon = memory_lib.forward(self.encoder, self.compress, inputs, memory, rng=rng,
-                                            clamp_len=clamp_len)
+                                            clamp_len=clamp_len, same_length=same_length)
       x = x * (x.shape[-1] ** -0.5)
       return self.encoder.embed.attend(x).astype(jnp.float32), memory, recon
     x, _ = self.encoder(inputs, rng=rng)                                   # [B, L, E]

@@ -5,8 +5,13 @@ the layer's *inputs* (the residual stream entering the layer, not keys and value
 `n_m` positions of the previous segments, under `stop_gradient`; its keys and values are computed
 with the layer's current projections. Positions are Transformer-XL's relative ones: query i of a
 segment sits at position C + M + i of the key sequence (C compressed slots, M memory slots), the
-logit is (q+u)_i . k_j + (q+v)_i . R[i' - j], causal, and a band window (`window` of a "band"
-layer) counts its distance from the query into the memory, so the causal window reaches into it.
+logit is (q+u)_i . k_j + (q+v)_i . R[i' - j], causal. A band layer keeps the pattern of its own
+band attention over the key sequence, per head: query position p sees key position j when
+p - j <= window * d_h and (p - j) % d_h == 0 (d_h the head's dilation), so the causal window
+reaches into the memory with its dilation. "Layer" means attention sublayer: in a reordered stack
+(`sublayers`, `sandwich`) every attention sublayer carries a memory of the stream entering it and
+the feed-forward sublayers carry none. Transformer-XL's `same_length` evaluation (every query sees
+its last P keys, P = C + M, itself included) is a further distance limit, P - 1.
 
 A state is a dict of arrays (a pytree, carried by the caller):
   memory `[N, B, M, E]`, valid `[B, M]` bool (False until a slot has been filled),
@@ -23,13 +28,15 @@ projections and inputs: its gradient reaches only the compression function's par
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from attention import kinds, relative
+from attention import kinds, relative, validation
+from models.settings import ModelSettings
 
 COMPRESSIONS = ("mean", "max", "conv")
 
@@ -46,27 +53,34 @@ def init_state(num_layers: int, batch: int, emb_dim: int, memory_length: int,
 
 
 def memory_attention(q, k, v, *, u, v_bias, w_r, key_valid, query_valid, window=None,
-                     clamp_len=0):
+                     dilation: int | Sequence[int] = 1, max_distance: int | None = None,
+                     clamp_len: int = 0):
   """Dense relative attention of `q [B, L, H, D]` over `k, v [B, P + L, H, D]` (P earlier keys).
 
-  Query i is at key position P + i; key j is allowed when key_valid[:, j], j <= P + i and (with
-  `window`) P + i - j <= window. Rows with no allowed key give zeros. With `clamp_len` > 0 the
-  position term uses the distance min(P + i - j, clamp_len) (Transformer-XL's clamp_len).
+  Query i is at key position P + i; key j is allowed when key_valid[:, j], j <= P + i, (with
+  `window`) the band layer's pattern holds per head h: the distance t = P + i - j satisfies
+  t <= window * d_h and t % d_h == 0 (d_h = `dilation`, an int or one int per head), and (with
+  `max_distance`, Transformer-XL's `same_length`) t <= max_distance. Rows with no allowed key
+  give zeros. With `clamp_len` > 0 the position term uses the distance min(t, clamp_len)
+  (Transformer-XL's clamp_len).
   """
   b, lq, h, d = q.shape
   lk = k.shape[1]
   prefix = lk - lq
   qpos = prefix + jnp.arange(lq)[:, None]
   kpos = jnp.arange(lk)[None, :]
-  allowed = kpos <= qpos                                                   # [L, P+L]
+  distance = qpos - kpos                                                   # [L, P+L]
+  allowed = (distance >= 0)[None]                                          # [1, L, P+L]
   if window is not None:
-    allowed = allowed & (qpos - kpos <= window)
-  allowed = allowed[None, None] & key_valid[:, None, None, :] & query_valid[:, None, :, None]
+    dil = np.asarray(validation.head_dilations(dilation, h))[:, None, None]  # [H, 1, 1]
+    allowed = allowed & (distance[None] <= int(window) * dil) & (distance[None] % dil == 0)
+  if max_distance is not None:
+    allowed = allowed & (distance <= int(max_distance))[None]
+  allowed = allowed[None] & key_valid[:, None, None, :] & query_valid[:, None, :, None]
   qf = q.astype(jnp.float32)
   content = jnp.einsum("bqhd,bkhd->bhqk", qf + u, k.astype(jnp.float32))
   r = relative.projected_table(w_r, lk)                                    # [2lk-1, H, D]
   pos = jnp.einsum("bqhd,mhd->bhqm", qf + v_bias, r)                       # rows: lk-1 .. -(lk-1)
-  distance = qpos - kpos
   if clamp_len:
     distance = jnp.minimum(distance, clamp_len)
   index = jnp.broadcast_to((lk - 1) - distance, pos.shape[:2] + (lq, lk))
@@ -80,8 +94,13 @@ def _project(mha, x, name):
   return jnp.einsum("ble,ehd->blhd", x, getattr(mha, name)[...].astype(x.dtype))
 
 
-def attend(mha, x, prefix, query_valid, key_valid, clamp_len=0):
-  """The layer `mha` (relative positions) over [prefix; x]: x `[B, L, E]`, prefix `[B, P, E]`."""
+def attend(mha, x, prefix, query_valid, key_valid, clamp_len=0, same_length=False):
+  """The layer `mha` (relative positions) over [prefix; x]: x `[B, L, E]`, prefix `[B, P, E]`.
+
+  A band layer keeps its own pattern (window, dilation, per head) measured over the key
+  sequence [prefix; x]; `same_length` lets every query see its last P + 1 keys (itself
+  included) and no more (distances up to P - 1), as Transformer-XL's evaluation does.
+  """
   if mha.pos_kind != "relative" or not mha.record.memory:
     memory_kinds = " or ".join(kinds.names_where(lambda k: k.memory))
     raise ValueError(f"memory needs pos_emb='relative' with attention {memory_kinds}, not "
@@ -89,11 +108,11 @@ def attend(mha, x, prefix, query_valid, key_valid, clamp_len=0):
   full = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
   q = _project(mha, x, "query")
   k, v = _project(mha, full, "key"), _project(mha, full, "value")
-  window = None
-  if "window" in mha.args:     # a band layer: its window, as far as the memory reaches
-    window = int(mha.args["window"]) * int(mha.args.get("dilation", 1) or 1)
+  window = mha.args.get("window")   # a band layer: its window, as far as the memory reaches
+  dilation = mha.args.get("dilation", 1) or 1
   out = memory_attention(q, k, v, u=mha.u[...], v_bias=mha.v_bias[...], w_r=mha.w_r[...],
                          key_valid=key_valid, query_valid=query_valid, window=window,
+                         dilation=dilation, max_distance=prefix.shape[1] - 1 if same_length else None,
                          clamp_len=clamp_len)
   return jnp.einsum("blhd,hde->ble", out, mha.out[...].astype(out.dtype))
 
@@ -152,14 +171,23 @@ def reconstruction_loss(mha, h, old, compressed):
   return jnp.mean(jnp.square(full - comp))
 
 
+def memory_layers(cfg: ModelSettings | Mapping[str, Any]) -> int:
+  """How many layers carry a memory: the attention sublayers (the "s" of the sublayer order)."""
+  return ModelSettings.from_mapping(cfg).order.count("s")
+
+
 def forward(encoder, compress, tokens, state: Mapping[str, jax.Array], *, rng=None,
-            clamp_len: int = 0):
+            clamp_len: int = 0, same_length: bool = False):
   """The encoder over one segment with memory: (features `[B, L, E]`, new state, recon loss).
 
-  `encoder` is a `models.encoder.Encoder` of interleaved pre-LN blocks; `compress` a list of
-  `Compression` per layer or None. Dropout follows `Block` (the same rng folding). The memory
-  length is the state's: no parameter depends on it, so a model trained with one memory length
-  runs with another. `clamp_len` > 0 clamps the relative distances (`memory_attention`).
+  `encoder` is a `models.encoder.Encoder` of pre-LN sublayers in any order: interleaved
+  `Block`s, or the `AttentionSublayer`s and `FeedForwardSublayer`s of a reordered stack
+  (`sublayers`, `sandwich`). Every attention sublayer carries a memory (memory index a = its
+  rank among the attention sublayers); `compress` is a list of `Compression` per attention
+  sublayer, or None. Dropout follows the encoder (the same rng folding). The memory length is the
+  state's: no parameter depends on it, so a model trained with one memory length runs with
+  another. `clamp_len` > 0 clamps the relative distances (`memory_attention`); `same_length`
+  gives every query the same number of keys (`attend`).
   """
   from models.encoder import _fold, dropout   # pylint: disable=import-outside-toplevel
   key_mask = tokens > 0
@@ -167,31 +195,39 @@ def forward(encoder, compress, tokens, state: Mapping[str, jax.Array], *, rng=No
   x = dropout(encoder.positions(x), encoder.dropout_rate, _fold(rng, 0)).astype(encoder.dtype)
   mem, valid = state["memory"], state["valid"]
   m_len, seg = mem.shape[2], tokens.shape[1]
+  layers = sum(hasattr(block, "attention") for block in encoder.blocks)
+  if mem.shape[0] != layers:
+    raise ValueError(f"the memory has {mem.shape[0]} layers but the model has {layers} attention "
+                     f"sublayers: make it with the model's init_memory.")
   prefix_valid = valid
   if compress is not None:
     prefix_valid = jnp.concatenate([state["cvalid"], valid], axis=1)
   key_valid = jnp.concatenate([prefix_valid, key_mask], axis=1)
   new_mem, new_comp, recon = [], [], jnp.zeros((), jnp.float32)
   all_valid = jnp.concatenate([valid, key_mask], axis=1)
+  a = 0                                            # the memory of the next attention sublayer
   for i, block in enumerate(encoder.blocks):
     r = _fold(rng, i + 1)
-    stream = jnp.concatenate([mem[i].astype(x.dtype), jax.lax.stop_gradient(x)], axis=1)
-    new_mem.append(stream[:, stream.shape[1] - m_len:])
-    prefix = mem[i]
-    if compress is not None:
-      prefix = jnp.concatenate([state["compressed"][i], mem[i]], axis=1)
-    ln_x, ln_prefix = block.ln_attn(x), block.ln_attn(prefix.astype(x.dtype))
-    h = attend(block.attention, ln_x, ln_prefix, key_mask, key_valid, clamp_len)
-    if compress is not None:
-      old = stream[:, :seg]                                                # leaving the memory
-      comp = compress[i](old)                                              # [B, L / c, E]
-      recon = recon + reconstruction_loss(block.attention, _sg_norm(block.ln_attn, x),
-                                          _sg_norm(block.ln_attn, old),
-                                          _sg_norm(block.ln_attn, comp))
-      new_comp.append(comp)
-    x = x + dropout(h, block.dropout_rate, _fold(r, 1))
-    h = block.mlp(block.ln_mlp(x), rng=_fold(r, 2))
-    x = x + dropout(h, block.dropout_rate, _fold(r, 3))
+    if hasattr(block, "attention"):
+      stream = jnp.concatenate([mem[a].astype(x.dtype), jax.lax.stop_gradient(x)], axis=1)
+      new_mem.append(stream[:, stream.shape[1] - m_len:])
+      prefix = mem[a]
+      if compress is not None:
+        prefix = jnp.concatenate([state["compressed"][a], mem[a]], axis=1)
+      ln_x, ln_prefix = block.ln_attn(x), block.ln_attn(prefix.astype(x.dtype))
+      h = attend(block.attention, ln_x, ln_prefix, key_mask, key_valid, clamp_len, same_length)
+      if compress is not None:
+        old = stream[:, :seg]                                              # leaving the memory
+        comp = compress[a](old)                                            # [B, L / c, E]
+        recon = recon + reconstruction_loss(block.attention, _sg_norm(block.ln_attn, x),
+                                            _sg_norm(block.ln_attn, old),
+                                            _sg_norm(block.ln_attn, comp))
+        new_comp.append(comp)
+      x = x + dropout(h, block.dropout_rate, _fold(r, 1))
+      a += 1
+    if hasattr(block, "mlp"):
+      h = block.mlp(block.ln_mlp(x), rng=_fold(r, 2))
+      x = x + dropout(h, block.dropout_rate, _fold(r, 3))
   x = jnp.where(key_mask[..., None], encoder.ln_final(x), 0.0)
   sg = jax.lax.stop_gradient
   new = {"memory": sg(jnp.stack(new_mem).astype(jnp.float32)),
@@ -204,7 +240,7 @@ def forward(encoder, compress, tokens, state: Mapping[str, jax.Array], *, rng=No
     cvalid = jnp.concatenate([state["cvalid"], old_valid], axis=1)
     new["compressed"] = sg(comp[:, :, comp.shape[2] - n_cm:])
     new["cvalid"] = cvalid[:, cvalid.shape[1] - n_cm:]
-  return x, new, recon / max(len(encoder.blocks), 1)
+  return x, new, recon / max(layers, 1)
 
 
 def check(cfg: Mapping[str, Any], seg_length: int) -> None:

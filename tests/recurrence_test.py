@@ -248,7 +248,7 @@ def test_stream_evaluation_scores_every_character_once(size, rows):
 
 
 def _train_config(tmp_path, **overrides):
-  from tests import charlm_test
+  import charlm_test   # tests/ is on the path (pytest rootdir conftest)
   write = charlm_test.write_zip
   write(tmp_path / "manual", charlm_test.corpus(charlm_test.enwik8), charlm_test.enwik8_bytes(1400))
   c = charlm_test.tiny_config(charlm_test.enwik8, tmp_path, sizes=(1300, 60, 40), **{

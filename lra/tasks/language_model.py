@@ -59,7 +59,7 @@ class LanguageModelTask(Task):
     if not m_len:
       return None
     return memory_lib.init_state(
-        int(model_cfg["num_layers"]), batch_size, int(model_cfg["emb_dim"]), m_len,
+        memory_lib.memory_layers(model_cfg), batch_size, int(model_cfg["emb_dim"]), m_len,
         int(model_cfg.get("compressed_length", 0) or 0))
 
   def objective_with_state(self, model, batch: Mapping[str, jax.Array], rng, state):
@@ -75,7 +75,8 @@ class LanguageModelTask(Task):
 
     A model with a memory reads each row in segments of `segment_length`, in order, from an
     empty memory of `eval_memory_length` states carried from segment to segment (a scan; the
-    row zero-padded to a whole number of segments), relative distances clamped to `clamp_len`.
+    row zero-padded to a whole number of segments), relative distances clamped to `clamp_len`,
+    and with `same_length` every query seeing as many keys as the memory holds.
     A row is an evaluation window, or with `data.eval_streams` a contiguous stretch of the split
     (docs/recurrence.md)."""
     inputs = batch["inputs"]
@@ -94,11 +95,13 @@ class LanguageModelTask(Task):
     split = lambda x: pad(x).reshape(b, count, seg).swapaxes(0, 1)          # [S, B, seg]
     weights = batch["weights"] if "weights" in batch else jnp.ones((b,), jnp.float32)
     clamp = int(getattr(model, "clamp_len", 0) or 0)
+    same_length = bool(getattr(model, "same_length", False))
 
     def step(carry, xs):
       state, total = carry
       tokens, t, m = xs
-      logits, state, _ = model(tokens, rng=rng, memory=state, clamp_len=clamp)
+      logits, state, _ = model(tokens, rng=rng, memory=state, clamp_len=clamp,
+                               same_length=same_length)
       sums = self._sums(logits, {"inputs": tokens, "targets": t, "mask": m, "weights": weights})
       return (state, jax.tree.map(jnp.add, total, sums)), None
 
