@@ -172,3 +172,26 @@ def test_longer_bfloat16_sequence_with_default_blocks():
   q, k, v, ct = _inputs(rng, 2, 300, 4, 64, jnp.bfloat16)
   _check(q, k, v, ct, window=40, dilation=(1, 1, 2, 3), causal=True, atol=3e-2,
          global_mask=_global_mask(rng, 2, 300, 0.02), key_mask=_key_mask(rng, 2, 300))
+
+
+@pytest.mark.parametrize("dtype,head_dim,causal", [(jnp.bfloat16, 64, False),
+                                                    (jnp.float32, 40, True)])
+def test_kernels_lower_to_triton_for_a_gpu(dtype, head_dim, causal):
+  # No GPU here, but the Triton lowering runs on any machine: every op of the four kernels
+  # (forward, dq, dk/dv, global dk/dv) must have a Triton lowering rule and every block shape
+  # must be one Triton takes (powers of two).
+  rng = np.random.default_rng(6)
+  q, k, v, ct = _inputs(rng, 2, 300, 3, head_dim, dtype)   # rows of 320 and 192 keys
+
+  def loss(q, k, v, global_mask, key_mask):
+    out = pallas_band.band_attention(q, k, v, window=16, dilation=(1, 2, 2), causal=causal,
+                                     global_mask=global_mask, key_mask=key_mask, max_global=8,
+                                     interpret=False)
+    return jnp.sum(out.astype(jnp.float32) * ct.astype(jnp.float32))
+
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+  text = grad.trace(q, k, v, _global_mask(rng, 2, 300, 0.02), _key_mask(rng, 2, 300)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  for name in ("forward", "dq", "dkv", "global_dkv"):
+    assert f'"pallas_band_{name}"' in text
+  assert text.count("gpu.triton") >= 4 * 2      # four kernels for each of the two dilations
