@@ -21,6 +21,11 @@ def config_module(task: str):
   return importlib.import_module(f"configs.{tasks_lib.check_name(task)}")
 
 
+def sizes(task: str) -> tuple[str, ...]:
+  """The sizes task `task`'s config takes (`--size`), the default first."""
+  return tuple(getattr(config_module(task), "SIZES", common.DEFAULT_SIZES))
+
+
 def apply_override(config: ml_collections.ConfigDict, dotted: str, text: str) -> None:
   """Sets `config.<dotted>` from the command-line string `text`."""
   *parents, leaf = dotted.split(".")

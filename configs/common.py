@@ -216,8 +216,13 @@ def attention_defaults(kind: str, *, window: int, max_length: int) -> dict[str, 
   return kinds.defaults(kind, window=window, max_length=max_length)
 
 
+# The sizes of a task config that names none (`SIZES` in its module otherwise; the first is
+# the default).
+DEFAULT_SIZES = ("base", "small")
+
+
 def task_arg(arg: str | None, *, attention: str | Mapping[str, str] = "dot_product",
-             sizes: tuple[str, ...] = ("base", "small")) -> ml_collections.ConfigDict:
+             sizes: tuple[str, ...] = DEFAULT_SIZES) -> ml_collections.ConfigDict:
   """Parses a task config's `arg` ("attention=NAME,size=S,window=W") and checks the names.
 
   `attention` is the default kind, or one default per size ({"base": ..., "small": ...}); NAME

@@ -26,6 +26,8 @@ import functools
 
 from configs import charlm
 
+SIZES = charlm.SIZES   # `--size` (configs.sizes)
+
 # get_config(arg) with `arg` = "attention=NAME,size=base|large|small,window=W"; sweep(add): the
 # Longformer-small (`base`) run, three seeds.
 get_config = functools.partial(charlm.get_config, "enwik8")

@@ -5,12 +5,12 @@
             [--runner local|tpu|slurm [runner flags]] [--dry_run] [--config.x=y ...]
   lra launch tpu --tpu NAME --zone ZONE [--project P] [--create --accelerator TYPE
             --runtime VERSION] [--retries N] [--dry_run] -- run TASK [run flags]
-  lra launch slurm --nodes N --gpus-per-node G [--partition P] [--time T] [--account A]
+  lra launch slurm --nodes N --gpus_per_node G [--partition P] [--time T] [--account A]
             [--dry_run] -- run TASK [run flags]
   lra results DIR [--format markdown|csv|json] [--sort COLUMN] [--lra]
   lra list
   lra data status [--size base|small] [--manual_dir DIR]
-  lra data prepare TASK [--size base|small] [--manual_dir DIR] [--no-download]
+  lra data prepare TASK [--size base|small] [--manual_dir DIR] [--no_download]
 
 `run` trains and evaluates a task (see launch/train.py); `sweep` runs the points of a config
 file's sweep, each in its own folder, here or through a launcher (launch/sweep.py); `launch tpu`
@@ -19,7 +19,8 @@ slurm` submits it as a SLURM job with one task per GPU (launch/slurm.py), both p
 launch/dispatch.py; `results` prints every run under a folder as one table (launch/results.py);
 `list` prints the tasks and the attention kinds; `data` shows which datasets are ready and builds
 one (see launch/data.py).
-Unknown names fail with the list of valid ones; a bad config value or a `--config.x` without
+Flags are spelled with underscores (`--dry_run`); the same flag with hyphens (`--dry-run`) works
+too. Unknown names fail with the list of valid ones; a bad config value or a `--config.x` without
 its value fails in one line (`error: ...`, exit status 2) before anything heavy is imported.
 """
 
@@ -34,6 +35,7 @@ from launch import dispatch
 from launch import results as results_launcher
 from launch import sweep as sweep_launcher
 from launch import train as train_launcher
+from launch.values import flag_spelling
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -80,7 +82,7 @@ def describe_kind(name: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
+  argv = flag_spelling(sys.argv[1:] if argv is None else argv)
   if argv and argv[0] == "launch":  # its own parser: the command after `--` is left whole
     return dispatch.main(argv[1:])
   try:
@@ -91,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="lra", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = parser.add_subparsers(dest="command", required=True)
-  train_launcher.add_run_arguments(sub.add_parser("run", help="train and evaluate a task"))
+  train_launcher.add_run_arguments(sub.add_parser(
+      "run", help="train and evaluate a task", description=train_launcher.RUN_HELP,
+      epilog=train_launcher.RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter))
   sweep_launcher.add_arguments(sub.add_parser("sweep", help="run a config file's sweep"))
   results_launcher.add_arguments(sub.add_parser("results", help="every run under a folder as "
                                                                  "one table"))

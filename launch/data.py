@@ -1,13 +1,13 @@
 """`lra data status` and `lra data prepare TASK`: which datasets are ready, and building one.
 
   lra data status [--size base|small] [--manual_dir DIR]
-  lra data prepare TASK [--size base|small] [--manual_dir DIR] [--no-download] [--config.data.x=y]
+  lra data prepare TASK [--size base|small] [--manual_dir DIR] [--no_download] [--config.data.x=y]
 
 `status` prints one line per task: `ready` with the dataset folder, or `missing` with the file to
 get, its address and the directory to put it in (or how the dataset will be generated).
 `prepare` builds one task's dataset from the archives in the manual directory (default
 `$LRA_DATA/manual`, `$LRA_DATA` defaulting to `~/lra_data`), downloading them first when they are
-absent and the machine is online (unless `--no-download`). The data settings are those of the
+absent and the machine is online (unless `--no_download`). The data settings are those of the
 task's config for `--size` (default base), with `--config.data.*` overrides.
 """
 
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   status = sub.add_parser("status", help="which tasks have their data, and what the rest need")
   prepare = sub.add_parser("prepare", help="build one task's dataset")
   prepare.add_argument("task", help=f"one of: {', '.join(sorted(tasks.TASKS))}")
-  prepare.add_argument("--no-download", dest="download", action="store_false",
+  prepare.add_argument("--no_download", dest="download", action="store_false",
                        help="never download; fail with the file to get instead")
   for p in (status, prepare):
     p.add_argument("--size", default="base", help="the config size whose data settings to use")

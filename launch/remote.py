@@ -1,7 +1,7 @@
 """`lra launch tpu|slurm -- run ...`: what the TPU and SLURM launchers share.
 
   lra launch tpu   --tpu NAME --zone ZONE [options] [--dry_run] -- run TASK [lra run flags]
-  lra launch slurm --nodes N --gpus-per-node G [options] [--dry_run] -- run TASK [lra run flags]
+  lra launch slurm --nodes N --gpus_per_node G [options] [--dry_run] -- run TASK [lra run flags]
 
 Everything after `--` is the `lra run` command each process runs. It is checked here exactly as
 `lra run` checks it before importing jax (the task name, `--attention`/`--size`/`--arg`, every
@@ -27,6 +27,7 @@ import ml_collections
 
 import configs
 from launch import train as train_launcher
+from launch.values import flag_spelling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout launched
 DEFAULT_LAUNCH_DIR = os.path.join("workdirs", "launches")
@@ -39,7 +40,7 @@ class LaunchError(ValueError):
 
 class OneLineParser(argparse.ArgumentParser):
   """An argparse parser whose errors are one line (`error: ...`) and exit status 2, and which
-  takes no abbreviations (`--gpus` is not `--gpus-per-node`)."""
+  takes no abbreviations (`--gpus` is not `--gpus_per_node`)."""
 
   def __init__(self, allow_abbrev: bool = False, **kwargs):
     super().__init__(allow_abbrev=allow_abbrev, **kwargs)
@@ -82,7 +83,7 @@ def parse_run(argv: Sequence[str]) -> RunCommand:
     raise LaunchError(f"the command after `--` must be `run TASK ...` (an `lra run` command), "
                       f"got {got!r}.")
   try:
-    rest, overrides = train_launcher.split_overrides(argv[1:])
+    rest, overrides = train_launcher.split_overrides(flag_spelling(argv[1:]))
     parser = OneLineParser(prog="lra run", add_help=False, allow_abbrev=True)  # as `lra run`
     train_launcher.add_run_arguments(parser)
     args = parser.parse_args(rest)

@@ -1,6 +1,6 @@
 """`lra launch slurm`: one `lra run` as a SLURM batch job, one task per GPU.
 
-  lra launch slurm --nodes N --gpus-per-node G [--partition P] [--time T] [--account A]
+  lra launch slurm --nodes N --gpus_per_node G [--partition P] [--time T] [--account A]
                    [--python PATH] [--env NAME=VALUE ...] [--launch_dir DIR] [--dry_run]
                    -- run TASK [lra run flags]
 
@@ -44,14 +44,14 @@ class Options:
   env: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
-FLAGS = {"nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "partition": "--partition",
+FLAGS = {"nodes": "--nodes", "gpus_per_node": "--gpus_per_node", "partition": "--partition",
          "time": "--time", "account": "--account", "python": "--python"}
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
   g = parser.add_argument_group("SLURM (lra launch slurm, lra sweep --runner slurm)")
   g.add_argument("--nodes", type=int, default=None, help="nodes (required)")
-  g.add_argument("--gpus-per-node", dest="gpus_per_node", type=int, default=None,
+  g.add_argument("--gpus_per_node", type=int, default=None,
                  help="GPUs per node (required); one task per GPU")
   g.add_argument("--partition", default=None, help="the partition (default: the cluster's)")
   g.add_argument("--time", default=None,
@@ -68,11 +68,11 @@ def given_options(args: argparse.Namespace) -> list[str]:
 def options(args: argparse.Namespace) -> Options:
   """The checked SLURM options; raises remote.LaunchError (one line)."""
   if args.nodes is None or args.gpus_per_node is None:
-    raise remote.LaunchError("the SLURM launcher needs --nodes N and --gpus-per-node G.")
+    raise remote.LaunchError("the SLURM launcher needs --nodes N and --gpus_per_node G.")
   if args.nodes < 1:
     raise remote.LaunchError(f"--nodes must be at least 1, got {args.nodes}.")
   if args.gpus_per_node < 1:
-    raise remote.LaunchError(f"--gpus-per-node must be at least 1, got {args.gpus_per_node}.")
+    raise remote.LaunchError(f"--gpus_per_node must be at least 1, got {args.gpus_per_node}.")
   if args.time is not None and not _TIME.fullmatch(args.time):
     raise remote.LaunchError(f"--time takes SLURM's forms (MINUTES, HH:MM:SS, D-HH:MM, ...), "
                              f"got {args.time!r}.")

@@ -2,7 +2,7 @@
 
   lra sweep TASK [--sweep NAME] [--arg k=v,...] --workdir DIR [--parallel K] [--dry_run]
                  [--runner local | --runner tpu --tpu NAME --zone Z ... |
-                  --runner slurm --nodes N --gpus-per-node G ...] [--config.x=y ...]
+                  --runner slurm --nodes N --gpus_per_node G ...] [--config.x=y ...]
 
 A config file `configs/<task>.py` defines its sweeps as functions of one argument, `add`: `sweep`
 is the default, `sweep_<name>` is selected by `--sweep <name>`. Each call

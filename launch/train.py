@@ -32,7 +32,7 @@ from typing import Sequence
 import ml_collections
 
 import configs
-from launch.values import config_arg_fields, flatten
+from launch.values import config_arg_fields, flag_spelling, flatten
 from lra import schema
 from lra import phases  # pure Python: the trainer is imported by its functions only
 from lra import storage
@@ -69,11 +69,42 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str
   return rest, overrides
 
 
+RUN_HELP = "Train and evaluate a task by name; rerunning in the same workdir resumes."
+
+RUN_EPILOG = """config overrides:
+  --config.FIELD=VALUE  set any field of the task's config, e.g. --config.num_train_steps=300,
+                        --config.model.attention.window=8, --config.learning_rate=1e-3;
+                        --config.model.attention.NAME sets an argument of the attention kind
+                        (`lra list KIND` lists them) and --config.model.attention.implementation
+                        its backend (auto, xla, tokamax, splash, pallas: docs/accelerators.md).
+                        An unknown field fails with the valid names, a bad value in one line.
+  --dry_run shows which fields differ from the task's default.
+
+Flags are spelled with underscores; the hyphen spelling (--dry-run) works too.
+Examples:
+  lra run listops --size small
+  lra run listops --size small --attention performer --config.num_train_steps=5
+  lra run enwik8 --size xl-small --dry_run"""
+
+
+def _size_help() -> str:
+  import configs
+  listed = "; ".join(f"{task}: {', '.join(configs.sizes(task))}"
+                     for task in sorted(tasks_lib.TASKS))
+  return (f"the task's size, default the first listed (base: the LRA settings; small and cpu fit "
+          f"a laptop CPU). {listed}")
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("task", help=f"one of: {', '.join(sorted(tasks_lib.TASKS))}")
-  parser.add_argument("--attention", default=None, help="an attention kind (see `lra list`)")
-  parser.add_argument("--size", default=None, help="base (LRA settings) or small (CPU)")
-  parser.add_argument("--arg", default="", help="more get_config arguments, e.g. window=8")
+  parser.add_argument("--attention", default=None,
+                      help="an attention kind or a paper's name for one (see `lra list`); "
+                           "default: the task's")
+  parser.add_argument("--size", default=None, help=_size_help())
+  parser.add_argument("--arg", default="",
+                      help="the task config's argument, key=value pairs joined by commas: "
+                           "attention=NAME, size=S, window=W (the band window the kind's "
+                           "defaults are sized for), e.g. --arg window=8")
   parser.add_argument("--workdir", default=None,
                       help="run directory (default workdirs/TASK-ATTENTION-SIZE); rerunning in "
                            "it resumes")
@@ -108,7 +139,7 @@ def config_changes(config: ml_collections.ConfigDict) -> tuple[str, list[str]]:
   lines = [f"  {key}: {before.get(key, missing)!r} -> {after.get(key, missing)!r}"
            for key in sorted(set(before) | set(after))
            if before.get(key, missing) != after.get(key, missing)]
-  return default.config_arg, lines
+  return schema.run_label(default), lines
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -151,7 +182,7 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     except (ValueError, archives.DataMissingError, archives.CorruptArchiveError) as e:
       print(f"error: {e}", file=sys.stderr)
       return 2
-    print(f"Training {args.task} ({config.config_arg}) in {workdir}", flush=True)
+    print(f"Training {args.task} ({schema.run_label(config)}) in {workdir}", flush=True)
     try:
       results = phases.run(config, workdir, plans=plans)
     except KeyboardInterrupt:
@@ -220,7 +251,7 @@ def run_preflight(config: ml_collections.ConfigDict, workdir: str) -> tuple[int,
 def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:
   """Prints what the run would be (see the module docstring); 2 when it cannot fit."""
   from lra import preflight
-  print(f"dry run: {config.task} ({config.config_arg}); nothing is written to {workdir}")
+  print(f"dry run: {config.task} ({schema.run_label(config)}); nothing is written to {workdir}")
   default, changes = config_changes(config)
   n = len(changes)
   differ = "differs" if n == 1 else "differ"
@@ -297,7 +328,7 @@ def failure_line(e: Exception, workdir: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   try:
-    rest, overrides = split_overrides(argv)
+    rest, overrides = split_overrides(flag_spelling(argv))
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -8,7 +8,7 @@ results`' overrides column and the config's own text agree. Pure Python: no jax.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ml_collections
 
@@ -17,6 +17,22 @@ from configs import common
 # The `get_config` argument every task config takes (configs/common.py `task_arg`), with the
 # value of a missing one; the types are those `parse_arg` converts to.
 CONFIG_ARGS = {"attention": "", "size": "", "window": 0}
+
+
+def flag_spelling(argv: Sequence[str]) -> list[str]:
+  """The command line with every flag spelled with underscores (`--no-download` is
+  `--no_download`, `--dry-run` is `--dry_run`), the one spelling the parsers define, so either
+  spelling works. `--config.a.b=v` overrides and a value after `=` are left as they are, and so is
+  everything after a bare `--` (the command `lra launch` runs, which its own parser reads)."""
+  out = []
+  for i, arg in enumerate(argv):
+    if arg == "--":
+      return out + list(argv[i:])
+    if arg.startswith("--") and not arg.startswith("--config."):
+      name, eq, value = arg.partition("=")
+      arg = "--" + name[2:].replace("-", "_") + eq + value
+    out.append(arg)
+  return out
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -326,7 +326,7 @@ class Report:
     """The one line a run that cannot fit ends with."""
     c = self.config
     blame = self.blame()
-    return (f"{c.task} ({c.get('config_arg', '')}) needs about {self.peak / GB:.1f} GB per "
+    return (f"{c.task} ({schema.run_label(c)}) needs about {self.peak / GB:.1f} GB per "
             f"device but {self.available / GB:.1f} GB is available ({self.available_source})"
             f"{': ' + blame if blame else ''}. Ways out: {', '.join(self.ways_out())}; or "
             f"--no_preflight to run anyway.")

@@ -170,7 +170,7 @@ def test_submission_writes_the_script_and_calls_sbatch(standin, tmp_path, capsys
 
 @pytest.mark.parametrize("argv, message", [
     (["--nodes", "0", "--gpus-per-node", "2"], "error: --nodes must be at least 1, got 0."),
-    (["--nodes", "1"], "error: the SLURM launcher needs --nodes N and --gpus-per-node G."),
+    (["--nodes", "1"], "error: the SLURM launcher needs --nodes N and --gpus_per_node G."),
     (["--nodes", "1", "--gpus-per-node", "2", "--gpus", "2"],
      "error: lra launch slurm: unrecognized arguments: --gpus 2"),
     (["--nodes", "x", "--gpus-per-node", "2"],

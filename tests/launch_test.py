@@ -114,7 +114,7 @@ def test_dry_run_values_and_config_changes():
   c = configs.build_config("listops", attention="band", size="small", arg="window=8",
                            overrides=[("batch_size", "16"), ("model.attention.dilation", "2")])
   default, changes = launcher.config_changes(c)
-  assert default == "attention=band,size=small,window=0"
+  assert default == "attention=band,size=small,window=16"   # the effective window
   assert changes == ["  batch_size: 32 -> 16",
                      "  config_arg: 'attention=band,size=small,window=0' -> "
                      "'attention=band,size=small,window=8'",

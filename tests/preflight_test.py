@@ -87,10 +87,10 @@ def test_dry_run_of_a_base_config_field_by_field(tmp_path, monkeypatch, capsys):
   out = capsys.readouterr().out
   lines = out.splitlines()
   field = {l.split(":", 1)[0]: l.split(":", 1)[1].strip() for l in lines if not l[0].isspace()}
-  assert field["dry run"] == ("listops (attention=dot_product,size=base,window=0); nothing is "
+  assert field["dry run"] == ("listops (attention=dot_product,size=base); nothing is "
                               f"written to {workdir}")
   assert field["config"] == ("2 fields differ from the default listops "
-                             "(attention=dot_product,size=base,window=0)")
+                             "(attention=dot_product,size=base)")
   assert "  mesh.data: -1 -> 2" in lines and "  num_train_steps: 5000 -> 7" in lines
   assert field["mesh"] == "data 2 x fsdp 1 x sequence 1 x tensor 1 = 2 cpu devices"
   # The parameter count is the initialised model's, and the sharding table adds up to it.

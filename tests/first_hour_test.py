@@ -1,0 +1,70 @@
+"""What a new user meets first: `lra run --help` covers what the docs use, flags work in either
+spelling, and banners say the values a run really has."""
+
+import pytest
+
+import configs
+from launch import cli, remote
+from launch.values import flag_spelling
+from lra import schema
+from lra import tasks as tasks_lib
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["run", "listops", "--dry-run"], ["run", "listops", "--dry_run"]),
+    (["run", "x", "--dry-run=steps:2", "--no-preflight"],
+     ["run", "x", "--dry_run=steps:2", "--no_preflight"]),
+    (["data", "prepare", "text", "--no-download", "--manual-dir", "/a-b"],
+     ["data", "prepare", "text", "--no_download", "--manual_dir", "/a-b"]),
+    # overrides, values and the command after `--` are left alone
+    (["run", "x", "--config.model.attention.num-features=3", "--arg", "a-b=c-d"],
+     ["run", "x", "--config.model.attention.num-features=3", "--arg", "a-b=c-d"]),
+    (["run", "x", "--workdir=/tmp/a-b"], ["run", "x", "--workdir=/tmp/a-b"]),
+    (["launch", "slurm", "--gpus-per-node", "2", "--", "run", "x", "--dry-run"],
+     ["launch", "slurm", "--gpus_per_node", "2", "--", "run", "x", "--dry-run"]),
+    (["-h"], ["-h"]),
+])
+def test_flags_are_read_in_the_underscore_spelling(argv, want):
+  assert flag_spelling(argv) == want
+
+
+def test_both_spellings_reach_the_same_parsed_run():
+  a = remote.parse_run(["run", "listops", "--size", "small", "--no-preflight", "--dry-run"])
+  b = remote.parse_run(["run", "listops", "--size", "small", "--no_preflight", "--dry_run"])
+  assert a.workdir == b.workdir and a.config == b.config
+
+
+def test_run_help_documents_overrides_every_size_and_the_arg(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["run", "--help"])
+  assert e.value.code == 0
+  text = " ".join(capsys.readouterr().out.split())   # argparse wraps lines
+  for needle in ("--config.FIELD=VALUE", "--config.model.attention.implementation", "--arg",
+                 "window=W", "hyphen spelling"):
+    assert needle in text, needle
+  for task in tasks_lib.TASKS:
+    sizes = configs.sizes(task)
+    assert f"{task}: {', '.join(sizes)}" in text.replace("- ", "-"), task
+
+
+@pytest.mark.parametrize("task", sorted(tasks_lib.TASKS))
+def test_every_listed_size_builds_and_no_other_does(task):
+  for size in configs.sizes(task):
+    assert configs.build_config(task, size=size).config_arg
+  with pytest.raises(ValueError, match="unknown size 'huge'; valid sizes: " +
+                     ", ".join(configs.sizes(task))):
+    configs.build_config(task, size="huge")
+
+
+@pytest.mark.parametrize("task,attention,size,overrides,label", [
+    ("listops", "band", "small", [], "attention=band,size=small,window=16"),
+    ("listops", "band", "small", [("model.attention.window", "4")],
+     "attention=band,size=small,window=4"),
+    ("listops", "dot_product", "base", [], "attention=dot_product,size=base"),
+    ("listops", "performer", "small", [], "attention=favor,size=small"),
+    ("listops", "band", "small", [("model.attention.implementation", "pallas")],
+     "attention=band,size=small,window=16,implementation=pallas"),
+])
+def test_banners_name_the_effective_values(task, attention, size, overrides, label):
+  config = configs.build_config(task, attention=attention, size=size, overrides=overrides)
+  assert schema.run_label(config) == label
