@@ -189,11 +189,30 @@ class LayoutPattern(Pattern):
       full &= lo >= 0
     empty = (count == 0) | ((hi < 0) if self.causal else False)
     keys = np.where(empty, EMPTY, np.where(full, FULL, 0)).astype(np.int64)
-    ids: dict[bytes, int] = {}
-    for qi, ki in zip(*np.nonzero(keys == 0)):      # mixed tiles: key by their contents
-      tile = self.tile(int(q0[qi, 0]), int(k0[0, ki]), bq, bkv)
-      keys[qi, ki] = ids.setdefault(np.packbits(tile).tobytes(), len(ids))
+    qi, ki = np.nonzero(keys == 0)                  # mixed tiles: key by what fixes them
+    if qi.size:
+      keys[qi, ki] = self._signatures(q0[qi, 0], k0[0, ki], bq, bkv)
     return keys
+
+  def _signatures(self, q0: np.ndarray, k0: np.ndarray, bq: int, bkv: int) -> np.ndarray:
+    """Ids of tiles starting at `q0`, `k0` (1-D): equal for tiles with equal contents, from
+    where their first query and key fall in a block, the layout entries they cover and, for
+    a causal tile across the diagonal, its offset."""
+    nb, s = self.num_blocks, self.block
+    rows, cols = (bq - 1) // s + 2, (bkv - 1) // s + 2     # most blocks a tile can touch
+    padded = np.zeros((nb + rows, nb + cols), bool)
+    padded[:nb, :nb] = self.layout
+    r = q0[:, None] // s + np.arange(rows)
+    c = k0[:, None] // s + np.arange(cols)
+    used_r = np.arange(rows) <= ((q0 % s + bq - 1) // s)[:, None]
+    used_c = np.arange(cols) <= ((k0 % s + bkv - 1) // s)[:, None]
+    bits = padded[r[:, :, None], c[:, None, :]] & used_r[:, :, None] & used_c[:, None, :]
+    delta, lo, hi = _diagonals(q0, k0, bq, bkv)
+    across = np.where((lo < 0) & (hi >= 0), delta + _OFF, 0) if self.causal else 0 * delta
+    fields = np.stack([q0 % s, k0 % s, across], axis=1).astype(np.int64)
+    rows_bytes = np.concatenate([fields.view(np.uint8).reshape(len(q0), -1),
+                                 np.packbits(bits.reshape(len(q0), -1), axis=1)], axis=1)
+    return np.unique(rows_bytes, axis=0, return_inverse=True)[1].reshape(-1)
 
 
 def layout_patterns(layout: np.ndarray, block: int, causal: bool) -> tuple[LayoutPattern, ...]:

@@ -100,6 +100,10 @@ def _kind_cases():
     ref = masks.block_layout_mask(layout, 30, 290)
     cases.append(("block_sparse", splash_masks.layout_patterns(layout, 30, causal),
                   ref & masks.causal_mask(290) if causal else ref, 290))
+  full = np.ones((2, 8, 8), bool)                       # aligned blocks, causal: the offset
+  full[1, 3] = False                                    # of a tile across the diagonal counts
+  cases.append(("block_sparse", splash_masks.layout_patterns(full, 64, True),
+                masks.block_layout_mask(full, 64, 512) & masks.causal_mask(512), 512))
   cases.append(("bigbird", splash_masks.layout_patterns(masks.bigbird_block_pattern(
       9, num_global_blocks=2, num_random_blocks=2, seed=1, num_heads=3), 33, False),
       masks.bigbird_mask(290, block_size=33, num_global_blocks=2, num_random_blocks=2,
@@ -121,6 +125,41 @@ def test_tile_masks_decode_to_the_kind_mask(case, tiles):
   # The dK/dV pass visits the same pairs (only forced all-masked tiles may differ: none here
   # hold a pair).
   np.testing.assert_array_equal(_dkv_pairs(dkv, h, padded, padded, bq, bkv), got)
+
+
+def _random_pattern(rng):
+  causal = bool(rng.random() < 0.5)
+  kind = int(rng.integers(0, 6))
+  if kind == 0:
+    return BandPattern(int(rng.integers(0, 300)), int(rng.integers(1, 9)), causal)
+  if kind == 1:
+    return DensePattern(causal)
+  if kind == 2:
+    return BlockLocalPattern(int(rng.integers(1, 300)), causal)
+  if kind == 3:
+    return StridedPattern(int(rng.integers(1, 300)), causal)
+  if kind == 4:
+    stride = int(rng.integers(1, 300))
+    width = int(rng.integers(1, stride + 1))
+    return FixedPattern(stride, width, int(rng.integers(0, stride - width + 1)), causal)
+  block = int(rng.choice([16, 30, 64, 128, 200]))
+  nb = int(rng.integers(1, 12))
+  layout = rng.random((1, nb, nb)) < rng.random()
+  return splash_masks.layout_patterns(layout, block, causal)[0]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_patterns_decode_exactly(seed):
+  # Tile keys must never merge tiles with different contents: decode and compare pair by pair.
+  rng = np.random.default_rng(seed)
+  patterns = tuple(_random_pattern(rng) for _ in range(int(rng.integers(1, 4))))
+  bq, bkv = (int(x) for x in rng.choice([128, 256], size=2))
+  length = int(rng.integers(1, 5)) * max(bq, bkv)
+  fwd, dkv = splash_masks.mask_infos(patterns, length, length, length, bq, bkv)
+  want = np.stack([_pairs(p, length, length) for p in patterns])
+  got = splash_masks.dense_mask(fwd, len(patterns), length, length, bq, bkv)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(_dkv_pairs(dkv, len(patterns), length, length, bq, bkv), got)
 
 
 def test_appended_columns_are_full_for_every_query():
