@@ -198,6 +198,27 @@ def test_band_mask_at_65k_tokens_is_built_fast_and_small():
   assert fwd.partial_mask_blocks.shape[0] < 64
 
 
+def test_band_front_traces_at_65k_tokens_without_dense_masks():
+  # The whole forward and backward, traced (not run): shapes come back and the traced heap
+  # stays far below one L x L mask.
+  length = 65536
+  q = jax.ShapeDtypeStruct((1, length, 8, 64), jnp.bfloat16)
+  glob = jax.ShapeDtypeStruct((1, length), jnp.bool_)
+
+  def loss(q, glob):
+    out = splash.band_attention(q, q, q, window=256, dilation=(1, 1, 2, 2, 4, 4, 8, 8),
+                                global_mask=glob, max_global=64, interpret=True)
+    return out.astype(jnp.float32).sum()
+
+  splash_masks.mask_infos.cache_clear()
+  tracemalloc.start()
+  grad = jax.eval_shape(jax.grad(loss), q, glob)
+  _, peak = tracemalloc.get_traced_memory()
+  tracemalloc.stop()
+  assert grad.shape == q.shape
+  assert peak < 200e6, peak
+
+
 def test_masks_are_cached_per_configuration():
   patterns = (BandPattern(7, 2),) * 2
   a = splash_masks.mask_infos(patterns, 256, 256, 256, 128, 128)
