@@ -113,7 +113,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                            "memory per device and compile time (steps:N: and the time of N "
                            "steps on random batches) without training or writing anything")
   parser.add_argument("--no_preflight", action="store_true",
-                      help="skip the memory check before the run")
+                      help="skip the memory and time check before the run")
+  parser.add_argument("--yes", action="store_true",
+                      help="run even when the preflight expects more than an hour of training "
+                           "on a CPU")
   parser.add_argument("--no_compile_cache", action="store_true",
                       help="compile every program afresh instead of using the persistent "
                            "compile cache")
@@ -172,7 +175,7 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     if dry_steps is not None:
       return dry_run(config, workdir, dry_steps)
     if not getattr(args, "no_preflight", False):
-      status, plans = run_preflight(config, workdir)
+      status, plans = run_preflight(config, workdir, yes=getattr(args, "yes", False))
       if status:
         return status
     else:
@@ -213,6 +216,21 @@ def _configs_to_check(config: ml_collections.ConfigDict, workdir: str
           if phases.finished_results(storage.join(workdir, f"phase{k + 1}")) is None]
 
 
+def _steps_left(config: ml_collections.ConfigDict, workdir: str, label: str) -> int:
+  """Train steps the run (or phase, by its `label`) still has: its total minus its newest
+  checkpoint's step in a local workdir (a resumed run is not charged again)."""
+  total = int(config.num_train_steps)
+  folder = workdir
+  if label:   # " phase K/N"
+    folder = storage.join(workdir, f"phase{label.split()[1].split('/')[0]}")
+  try:
+    names = storage.listdir(storage.join(folder, "checkpoints"))
+  except OSError:
+    names = []
+  done = max((int(n) for n in names if n.isdigit()), default=0)
+  return max(0, total - done)
+
+
 def _preflight(config: ml_collections.ConfigDict, initialisers: bool = False):
   """`lra.preflight.check(config)`, or the one line saying why it could not be done."""
   from lra import preflight
@@ -228,10 +246,14 @@ def _preflight(config: ml_collections.ConfigDict, initialisers: bool = False):
             f"(--no_preflight skips it).")
 
 
-def run_preflight(config: ml_collections.ConfigDict, workdir: str) -> tuple[int, list[Any]]:
+def run_preflight(config: ml_collections.ConfigDict, workdir: str, *,
+                  yes: bool = False) -> tuple[int, list[Any]]:
   """Checks that the run (each unfinished phase) fits: (0, the planned trainers, which the run
-  reuses with their compiled steps), or (2, []) after one `error:` line."""
-  plans = []
+  reuses with their compiled steps), or (2, []) after one `error:` line. On a CPU, a run whose
+  training steps are expected to take more than `preflight.LONG_RUN_SECONDS` also stops with
+  one line (the estimate, the task's sizes) unless `yes`."""
+  from lra import preflight
+  plans, seconds, cpu = [], 0.0, False
   for label, c in _configs_to_check(config, workdir):
     report = _preflight(c, initialisers=True)   # the run allocates with what it compiles
     if isinstance(report, str):
@@ -241,10 +263,21 @@ def run_preflight(config: ml_collections.ConfigDict, workdir: str) -> tuple[int,
       print(f"error: {report.refusal()}", file=sys.stderr)
       return 2, []
     plans.append(report.trainer)   # the run's trainer reuses the compiled steps
+    cpu = report.trainer.mesh.devices.flat[0].platform == "cpu"
+    if cpu and not yes:
+      seconds += report.step_seconds() * _steps_left(c, workdir, label)
     free = "" if report.available is None else f" of {report.available / 1e9:.1f} GB available"
     print(f"Preflight{label}: about {report.peak / 1e9:.2f} GB per device{free}; steps "
           f"{'loaded' if report.train.cache_hit else 'compiled'} in "
           f"{report.compile_seconds:.1f} s.", flush=True)
+  if cpu and not yes and seconds > preflight.LONG_RUN_SECONDS:
+    sizes = ", ".join(s for s in configs.sizes(config.task)
+                      if s != schema.arg_items(config.config_arg).get("size"))
+    print(f"error: {config.task} ({schema.run_label(config)}) would train for about "
+          f"{preflight.duration_text(seconds)} on this CPU (an estimate from the compiled "
+          f"steps; --dry_run=steps:2 times real ones): pass --yes to run it anyway, or a "
+          f"smaller --size ({sizes}) or --config.num_train_steps.", file=sys.stderr)
+    return 2, []
   return 0, plans
 
 
@@ -281,7 +314,13 @@ def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:
     if not report.fits:
       print(f"verdict{label}: {report.refusal()}")
       status = 2
-    elif steps:
+    elif not steps:
+      print(f"time{label}: about {preflight.duration_text(report.step_seconds())} per step, "
+            f"{int(c.num_train_steps):,} steps in about "
+            f"{preflight.duration_text(report.step_seconds() * int(c.num_train_steps))} (an "
+            f"estimate from the compiled step's {report.step_flops / 1e9:,.1f} GFLOP; "
+            f"--dry_run=steps:N times real steps)")
+    else:
       times = sorted(preflight.time_steps(report, steps))
       median = times[len(times) // 2]
       total = median * int(c.num_train_steps)

@@ -171,6 +171,41 @@ _ITEMSIZE = {"f64": 8, "s64": 8, "u64": 8, "c64": 8, "f32": 4, "s32": 4, "u32": 
              "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
 
 
+# The fraction of a device's float32 matmul rate that a whole training step reaches (attention,
+# softmax, layer norms and the optimizer run slower than one large matmul); set from ListOps
+# small and base timed on a 2-core CPU (docs/training.md, "How long a run takes").
+STEP_EFFICIENCY = 0.35
+# A CPU run expected to train longer than this stops and asks for `--yes` (lra run).
+LONG_RUN_SECONDS = 3600.0
+
+
+@functools.lru_cache(maxsize=None)
+def matmul_flops() -> float:
+  """Float32 FLOP/s of a 1024 x 1024 matmul on the default device (best of five, about 0.1 s
+  on a CPU; measured once per process)."""
+  n = 1024
+  x = jax.numpy.ones((n, n), jax.numpy.float32)
+  f = jax.jit(lambda a: a @ a)
+  f(x).block_until_ready()
+  best = float("inf")
+  for _ in range(5):
+    t0 = time.perf_counter()
+    f(x).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2 * n ** 3 / best
+
+
+def duration_text(seconds: float) -> str:
+  """`0.06 s`, `42 s`, `12.5 min` or `127 hours`."""
+  if seconds < 1:
+    return f"{seconds:.2f} s"
+  if seconds < 120:
+    return f"{seconds:.0f} s"
+  if seconds < 7200:
+    return f"{seconds / 60:.1f} min"
+  return f"{seconds / 3600:.0f} hours"
+
+
 def nbytes_per_device(tree: Any) -> int:
   """Bytes one device holds of a pytree of ShapeDtypeStructs with shardings (the largest shard
   when they differ)."""
@@ -225,6 +260,18 @@ class Report:
   @property
   def param_count(self) -> int:
     return self.trainer.param_count
+
+  @property
+  def step_flops(self) -> float:
+    """The compiled train step's floating-point operations per device (XLA's cost analysis)."""
+    cost = self.train.compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float((cost or {}).get("flops", 0.0))
+
+  def step_seconds(self) -> float:
+    """A rough time per train step: its FLOPs at `STEP_EFFICIENCY` of this machine's measured
+    matmul rate (`matmul_flops`). `--dry_run=steps:N` times real steps instead."""
+    return self.step_flops / (STEP_EFFICIENCY * matmul_flops())
 
   def blame(self) -> str:
     """The largest buffer of the bigger program, named when it is a known tensor."""

@@ -68,3 +68,40 @@ def test_every_listed_size_builds_and_no_other_does(task):
 def test_banners_name_the_effective_values(task, attention, size, overrides, label):
   config = configs.build_config(task, attention=attention, size=size, overrides=overrides)
   assert schema.run_label(config) == label
+
+
+@pytest.mark.parametrize("seconds,text", [(0.0612, "0.06 s"), (42.4, "42 s"), (750, "12.5 min"),
+                                          (457200, "127 hours")])
+def test_durations_read_in_the_unit_that_fits(seconds, text):
+  from lra import preflight
+  assert preflight.duration_text(seconds) == text
+
+
+def test_a_cpu_run_longer_than_the_limit_stops_in_one_line_unless_yes(monkeypatch, tmp_path,
+                                                                      capsys):
+  from launch import train as launcher
+  from lra import preflight
+  config = configs.build_config("listops", attention="band", size="small")
+  monkeypatch.setattr(preflight, "LONG_RUN_SECONDS", 1e-6)   # any run is long
+  status, plans = launcher.run_preflight(config, str(tmp_path))
+  err = capsys.readouterr().err.strip()
+  assert (status, plans) == (2, [])
+  assert "\n" not in err and err.startswith("error: listops (attention=band,size=small,window=16)"
+                                            " would train for about ")
+  assert "pass --yes to run it anyway, or a smaller --size (base, cpu)" in err
+  status, plans = launcher.run_preflight(config, str(tmp_path), yes=True)
+  assert status == 0 and len(plans) == 1
+  # a resumed run is charged only the steps it has left
+  (tmp_path / "checkpoints" / "800").mkdir(parents=True)
+  assert launcher._steps_left(config, str(tmp_path), "") == 0
+  monkeypatch.setattr(preflight, "LONG_RUN_SECONDS", 1e-6)
+  assert launcher.run_preflight(config, str(tmp_path))[0] == 0
+
+
+@pytest.mark.slow
+def test_the_lra_base_size_on_this_cpu_stops_naming_the_hours_and_the_sizes(tmp_path, capsys):
+  status = cli.main(["run", "listops", "--attention", "band", "--workdir", str(tmp_path / "w")])
+  err = capsys.readouterr().err
+  assert status == 2
+  assert " hours on this CPU" in err and "--size (small, cpu)" in err and "--yes" in err
+  assert not (tmp_path / "w").exists()
