@@ -49,10 +49,11 @@ def _dilated(args: Mapping[str, Any]) -> bool:
   return any(int(d) != 1 for d in values)
 
 
-def unable(kind: str, backend: str, args: Mapping[str, Any], *,
-           global_tokens: bool = False) -> str | None:
+def unable(kind: str, backend: str, args: Mapping[str, Any], *, global_tokens: bool = False,
+           causal: bool = False) -> str | None:
   """None when `backend` computes kind `kind` with config arguments `args` exactly; otherwise
-  the reason (one sentence). `global_tokens`: the layer has global tokens (LED's encoder)."""
+  the reason (one sentence). `global_tokens`: the layer has global tokens (LED's encoder);
+  `causal`: the layer is causal."""
   record = kinds.get(kind)
   if backend not in kinds.BACKENDS:
     return f"unknown implementation {backend!r}; valid: {', '.join(IMPLEMENTATIONS)}."
@@ -64,11 +65,14 @@ def unable(kind: str, backend: str, args: Mapping[str, Any], *,
       return "tokamax's local window has no dilation."
     if global_tokens:
       return "tokamax's local window has no global tokens."
+  if backend == "splash" and kind == "band" and global_tokens and causal:
+    return "splash computes global tokens of bidirectional band layers only."
   return None
 
 
 def choose(kind: str, args: Mapping[str, Any] | None = None, *, implementation: str = AUTO,
-           platform: str | None = None, global_tokens: bool = False) -> str:
+           platform: str | None = None, global_tokens: bool = False,
+           causal: bool = False) -> str:
   """The backend of a layer of kind `kind` with config arguments `args` on `platform` (default:
   jax's default backend). `implementation` other than `auto` is checked and returned; an
   impossible one raises ValueError saying what to use instead."""
@@ -77,7 +81,7 @@ def choose(kind: str, args: Mapping[str, Any] | None = None, *, implementation: 
     raise ValueError(f"implementation {implementation!r} is unknown; valid: "
                      f"{', '.join(IMPLEMENTATIONS)}.")
   if implementation != AUTO:
-    reason = unable(kind, implementation, args, global_tokens=global_tokens)
+    reason = unable(kind, implementation, args, global_tokens=global_tokens, causal=causal)
     if reason is not None:
       raise ValueError(f"implementation={implementation} for attention {kind!r}: {reason} "
                        f"Use implementation=auto to pick one that does.")
@@ -86,30 +90,28 @@ def choose(kind: str, args: Mapping[str, Any] | None = None, *, implementation: 
     import jax
     platform = jax.default_backend()
   if platform == "gpu":
-    if unable(kind, "tokamax", args, global_tokens=global_tokens) is None:
+    if unable(kind, "tokamax", args, global_tokens=global_tokens, causal=causal) is None:
       return "tokamax"
-    if unable(kind, "pallas", args, global_tokens=global_tokens) is None:
+    if unable(kind, "pallas", args, global_tokens=global_tokens, causal=causal) is None:
       return "pallas"
   elif platform == "tpu":
-    if unable(kind, "splash", args, global_tokens=global_tokens) is None:
+    if unable(kind, "splash", args, global_tokens=global_tokens, causal=causal) is None:
       return "splash"
   return "xla"
 
 
 def function(kind: str, implementation: str = AUTO, *, args: Mapping[str, Any] | None = None,
-             platform: str | None = None, global_tokens: bool = False) -> Callable:
+             platform: str | None = None, global_tokens: bool = False,
+             causal: bool = False) -> Callable:
   """The function computing kind `kind` through `implementation` (resolved by `choose`), with
   the keyword interface of the kind's portable function."""
   backend = choose(kind, args, implementation=implementation, platform=platform,
-                   global_tokens=global_tokens)
+                   global_tokens=global_tokens, causal=causal)
   record = kinds.get(kind)
   if backend == "xla":
     import attention
     return attention.get(kind)
-  module = importlib.import_module(MODULES[backend])
-  if not hasattr(module, record.function) and record.copy_of is not None:
-    record = kinds.get(record.copy_of)     # `flash` is dense attention: the same function
-  return getattr(module, record.function)
+  return getattr(importlib.import_module(MODULES[backend]), record.function)
 
 
 __all__ = ["AUTO", "IMPLEMENTATIONS", "MODULES", "PLATFORMS", "choose", "function", "unable"]

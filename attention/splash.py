@@ -176,6 +176,19 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: b
                     * h, bq=bq, bkv=bkv, interpret=_interpret(interpret))
 
 
+def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                    key_mask: jax.Array | None = None, causal: bool = False,
+                    block_mask=None, block_size: int | None = None,
+                    interpret: bool | None = None) -> jax.Array:
+  """`attention.flash_attention` (dense attention) on the splash kernel; `block_size` is the
+  xla path's block and is not used here (the kernel's tiles are `block_q`/`block_kv`)."""
+  del block_size
+  if block_mask is not None:
+    raise ValueError("the splash backend takes no block_mask for flash: use a block-sparse kind "
+                     "(block_sparse) or implementation=xla.")
+  return dot_product_attention(q, k, v, causal=causal, key_mask=key_mask, interpret=interpret)
+
+
 def _global_slots(glob: jax.Array, num_slots: int) -> jax.Array:
   """One-hot `[B, G, L]` float32 of each row's global tokens, in order of position."""
   rank = jnp.cumsum(glob, axis=1) - 1

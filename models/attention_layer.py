@@ -128,7 +128,8 @@ class MultiHeadAttention(nnx.Module):
       raise ValueError(f"implementation={requested} with pos_emb='relative': relative positions "
                        f"are computed by the xla implementation only; use auto or xla.")
     self.implementation = "xla" if self.pos_kind == "relative" else backends.choose(
-        self.kind, self.args, implementation=requested, global_tokens=global_tokens)
+        self.kind, self.args, implementation=requested, global_tokens=global_tokens,
+        causal=causal)
     if shared_extras is not None:
       self.extras = shared_extras
     else:

@@ -74,6 +74,13 @@ def test_a_backend_that_cannot_compute_the_layer_is_refused(kind, implementation
     backends.choose(kind, args, implementation=implementation, global_tokens=global_tokens)
 
 
+def test_splash_is_not_picked_for_a_causal_band_with_global_tokens():
+  with pytest.raises(ValueError, match="bidirectional band layers only"):
+    backends.choose("band", {}, implementation="splash", global_tokens=True, causal=True)
+  assert backends.choose("band", {}, platform="tpu", global_tokens=True, causal=True) == "xla"
+  assert backends.choose("band", {}, platform="tpu", global_tokens=True) == "splash"
+
+
 def test_explicit_backends_are_returned_whatever_the_platform():
   for platform in backends.PLATFORMS:
     assert backends.choose("band", {"dilation": 3}, implementation="pallas",
@@ -86,6 +93,11 @@ def test_function_finds_each_backends_function_by_the_kinds_name():
   assert backends.function("flash", "tokamax") is tokamax_backend.flash_attention
   assert backends.function("dot_product", "tokamax") is tokamax_backend.dot_product_attention
   assert backends.function("favor", "xla") is attention.favor_attention
+  from attention import pallas_band, splash
+  assert backends.function("band", "pallas") is pallas_band.band_attention
+  for kind in ("band", "bigbird", "sparse", "block_local", "block_sparse", "dot_product",
+               "flash"):
+    assert backends.function(kind, "splash") is getattr(splash, kinds.get(kind).function)
 
 
 # ---- the tokamax backend against the dense reference ----
@@ -169,19 +181,22 @@ def test_tokamax_band_refuses_what_its_window_cannot_express():
 
 # ---- the layer and the config ----
 
-@pytest.mark.parametrize("spec", [{"kind": "band", "window": 3}, {"kind": "dot_product"},
-                                  {"kind": "flash", "block_size": 8}])
-def test_the_layer_through_tokamax_equals_the_layer_through_xla(spec):
+@pytest.mark.parametrize("spec,backend", [
+    ({"kind": "band", "window": 3}, "tokamax"), ({"kind": "dot_product"}, "tokamax"),
+    ({"kind": "flash", "block_size": 8}, "tokamax"), ({"kind": "flash", "block_size": 8}, "splash"),
+    ({"kind": "band", "window": 3, "dilation": (1, 2, 1, 3)}, "pallas"),
+    ({"kind": "band", "window": 3, "dilation": (1, 2, 1, 3)}, "splash")])
+def test_the_layer_through_a_backend_equals_the_layer_through_xla(spec, backend):
   x = jnp.asarray(np.random.default_rng(5).normal(size=(2, 21, 16)), jnp.float32)
   key_mask = jnp.asarray(np.arange(21)[None] < np.array([[21], [13]]))
   outs = {}
-  for implementation in ("xla", "tokamax"):
+  for implementation in ("xla", backend):
     layer = MultiHeadAttention(16, 4, 16, {**spec, "implementation": implementation},
                                max_length=21, causal=spec["kind"] == "band",
                                rngs=nnx.Rngs(0))
     assert layer.implementation == implementation
     outs[implementation] = layer(x, key_mask)
-  np.testing.assert_allclose(outs["tokamax"], outs["xla"], atol=1e-5)
+  np.testing.assert_allclose(outs[backend], outs["xla"], atol=1e-5)
 
 
 def test_the_layer_refuses_an_impossible_backend_and_relative_positions_with_one():
@@ -232,3 +247,38 @@ def test_auto_and_xla_pass_the_config_check_for_every_kind():
   for kind in kinds.names():
     for implementation in ("auto", "xla"):
       schema.check(_config(attention=kind, **{"model.attention.implementation": implementation}))
+
+
+# ---- a short training run through each backend equals the xla run ----
+
+def _losses(workdir) -> dict[str, float]:
+  import json
+  records = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  return {r["split"]: r["loss"] for r in records if r["step"] == 20}
+
+
+@pytest.fixture(scope="module")
+def xla_run(tmp_path_factory):
+  return _train(tmp_path_factory.mktemp("xla"), "xla")
+
+
+def _train(workdir, implementation):
+  from launch import cli
+  # small evaluation splits: the interpreted kernels run slowly on the CPU
+  assert cli.main(["run", "listops", "--size", "small", "--attention", "band",
+                   "--workdir", str(workdir), "--no_preflight",
+                   f"--config.model.attention.implementation={implementation}",
+                   "--config.num_train_steps=20", "--config.batch_size=8",
+                   "--config.eval_batch_size=32", "--config.data.num_val=64",
+                   "--config.data.num_test=64"]) == 0
+  return _losses(workdir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("implementation", ["tokamax", "pallas", "splash"])
+def test_training_through_a_backend_equals_training_through_xla(implementation, xla_run,
+                                                                 tmp_path):
+  got = _train(tmp_path, implementation)
+  assert set(got) == {"train", "validation", "test"}
+  for split, loss in xla_run.items():
+    assert abs(got[split] - loss) < 1e-4, (split, got[split], loss)
