@@ -110,10 +110,10 @@ def attend(mha, x, prefix, query_valid, key_valid, clamp_len=0, same_length=Fals
   k, v = _project(mha, full, "key"), _project(mha, full, "value")
   window = mha.args.get("window")   # a band layer: its window, as far as the memory reaches
   dilation = mha.args.get("dilation", 1) or 1
+  limit = prefix.shape[1] - 1 if same_length else None
   out = memory_attention(q, k, v, u=mha.u[...], v_bias=mha.v_bias[...], w_r=mha.w_r[...],
                          key_valid=key_valid, query_valid=query_valid, window=window,
-                         dilation=dilation, max_distance=prefix.shape[1] - 1 if same_length else None,
-                         clamp_len=clamp_len)
+                         dilation=dilation, max_distance=limit, clamp_len=clamp_len)
   return jnp.einsum("blhd,hde->ble", out, mha.out[...].astype(out.dtype))
 
 
