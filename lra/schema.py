@@ -236,9 +236,6 @@ def attention_sublayers(model: Any) -> int:
   return sublayers.count("s") if sublayers else model.get("num_layers")
 
 
-_attention_sublayers = attention_sublayers
-
-
 def _check_order(model: Any) -> None:
   """model.sublayers (a string of s and f) and model.sandwich (k in [0, num_layers - 1])."""
   model_settings.check_order(model.get("num_layers"), model.get("sublayers", ""),
@@ -263,7 +260,7 @@ def _check_positions(model: Any) -> None:
 
 def _check_layer_attention(model: Any) -> None:
   layers = tuple(model.get("layer_attention") or ())
-  num_layers = _attention_sublayers(model)
+  num_layers = attention_sublayers(model)
   if layers and len(layers) != num_layers:
     entries = f"{len(layers)} entr{'y' if len(layers) == 1 else 'ies'}"
     raise ValueError(f"config.model.layer_attention has {entries}: must have none or one dict "
@@ -340,6 +337,13 @@ def check_memory(config) -> None:
   if kind not in COMPRESSIONS:
     raise ValueError(f"config.model.compression = {kind!r}: must be one of "
                      f"{', '.join(COMPRESSIONS)} (the compression function).")
+  same = model.get("same_length", False)
+  if not isinstance(same, bool):
+    raise ValueError(f"config.model.same_length = {same!r}: must be true or false (evaluation "
+                     f"with every query seeing the same number of keys).")
+  if same and not m_len:
+    raise ValueError("config.model.same_length = True: needs config.model.memory_length > 0 (a "
+                     "model without memory evaluates independent windows).")
   if not m_len:
     if n_cm:
       raise ValueError(f"config.model.compressed_length = {n_cm}: needs "

@@ -66,10 +66,10 @@ def check_layers(config: ml_collections.ConfigDict, task) -> None:
   for MPNet's permutation masks); one-line ValueError saying what to change. The config's own
   values are checked by `lra.schema.check`, once, by the entry point (`lra run`, or
   `train_and_evaluate` when no preflight planned the run)."""
-  from lra.schema import _attention_sublayers   # the one count of attention sublayers
+  from lra.schema import attention_sublayers   # the one count of attention sublayers
   from models.settings import layer_specs
   specs = layer_specs(config.model.attention.to_dict(), config.model.layer_attention,
-                      _attention_sublayers(config.model))
+                      attention_sublayers(config.model))
   task.check_layers([attention_kinds.get(spec.get("kind")).name for spec in specs])
 
 

@@ -86,6 +86,12 @@ BAD = [
      "config.model.layer_attention[1].window = -2"),
     (["listops", "--config.seed", "--size", "small"],
      "--config.seed needs a value: --config.seed=VALUE."),
+    (["enwik8", "--size", "small", "--config.model.same_length=true"],
+     "config.model.same_length = True: needs config.model.memory_length > 0"),
+    (["listops", "--attention", "band", "--config.model.attention.implementation=cuda"],
+     "config.model.attention.implementation = 'cuda': must be one of auto, xla, tokamax"),
+    (["listops", "--attention", "linear", "--config.model.attention.implementation=splash"],
+     "attention 'linear' has no splash implementation (it has xla)"),
 ]
 
 
