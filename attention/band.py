@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention import band_kernel, validation
+from attention import band_kernel, compat, validation
 from attention.dot_product import NEG_INF, masked_softmax_stats
 
 
@@ -204,7 +204,7 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
     raise ValueError(f"block_size must be a positive int or None, got {block_size!r}.")
   num_global = 0
   if global_mask is not None:
-    concrete = not isinstance(global_mask, jax.core.Tracer)
+    concrete = not compat.is_tracer(global_mask)
     counts = np.asarray(global_mask).sum(axis=1) if concrete else None
     if max_global is not None:
       num_global = int(max_global)
@@ -212,7 +212,7 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
         raise ValueError(
             f"global_mask has {int(counts.max())} global tokens in a row but max_global is "
             f"{num_global}: raise max_global.")
-    elif isinstance(global_mask, jax.core.Tracer):
+    elif compat.is_tracer(global_mask):
       raise ValueError(
           "global_mask is traced (band_attention is called inside jax.jit), so the number of "
           "global tokens is not known at trace time: pass max_global=<upper bound on global "

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
 
-from attention import validation
+from attention import compat, validation
 from attention.block_sparse_plan import Static, make_plan
 from attention.dot_product import NEG_INF
 from attention.static_take import static_take
@@ -349,7 +349,7 @@ def merge_parts(
 def check_layout(layout: np.ndarray, *, num_blocks: int, num_heads: int, length: int,
                  block_size: int) -> np.ndarray:
   """Checks a block layout against the sequence; returns it as a numpy bool array."""
-  if isinstance(layout, jax.core.Tracer) or isinstance(layout, jax.Array):
+  if compat.is_tracer(layout) or isinstance(layout, jax.Array):
     raise ValueError(
         "layout must be a static numpy bool array (it decides which blocks are computed), got "
         "a jax array; pass np.asarray(layout).")

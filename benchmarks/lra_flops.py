@@ -40,13 +40,14 @@ from benchmarks import lra_speed, lra_step  # noqa: E402
 
 def _subjaxprs(eqn):
   """(multiplier, jaxpr) of every jaxpr inside `eqn`'s parameters."""
-  from jax.extend import core
+  from attention import compat
+  closed_jaxpr, open_jaxpr = compat.jaxpr_types()
   name, out = eqn.primitive.name, []
   for value in eqn.params.values():
     for v in value if isinstance(value, (tuple, list)) else (value,):
-      if isinstance(v, core.ClosedJaxpr):
+      if isinstance(v, closed_jaxpr):
         out.append(v.jaxpr)
-      elif isinstance(v, core.Jaxpr):
+      elif isinstance(v, open_jaxpr):
         out.append(v)
   if name == "scan":
     return [(eqn.params["length"], j) for j in out]
@@ -76,9 +77,9 @@ def matmul_flops(jaxpr) -> int:
 def step_flops(kind: str, length: int, batch: int, quick: bool = False) -> dict:
   """Matrix-multiply FLOPs of one train step of the Text base model with attention `kind`."""
   import jax
-  from jax._src.interpreters import partial_eval as pe
 
   import configs
+  from attention import compat
   from lra import preflight, train
 
   if kind == lra_step.IDENTITY:
@@ -90,7 +91,7 @@ def step_flops(kind: str, length: int, batch: int, quick: bool = False) -> dict:
   abstract = preflight.abstract_batch(trainer.task, config.data, batch, trainer.mesh, "train")
   closed = jax.make_jaxpr(trainer.train_step)(trainer.abstract_state(), abstract,
                                               trainer.abstract_rest)
-  jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+  jaxpr, _ = compat.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
   return dict(kind=kind, length=length, batch=batch, gflop=matmul_flops(jaxpr) / 1e9)
 
 
