@@ -1,0 +1,177 @@
+"""benchmarks/device_check.py and benchmarks/device_wheels.py: argument errors, the staging list,
+the junit and overtaking summaries, and (slow; needs the package registry) the rehearsal of every
+part at toy sizes from a fresh virtual environment built like the GPU machine's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from benchmarks import device_check, device_runs, device_speed, device_wheels  # noqa: E402
+SCRIPT = os.path.join(ROOT, "benchmarks", "device_check.py")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
+                        cwd=ROOT, timeout=60)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["gpu", "--out", "x"], "part must be one of env, tests, speed, grid, lra, all"),
+    (["env,gpu", "--out", "x"], "got 'env,gpu'"),
+    (["env"], "--out"),
+    (["env", "--out", "x", "--budget", "-3"], "--budget must be positive"),
+    (["lra", "--out", "x", "--lra_kinds", "band,banana"], "got banana"),
+])
+def test_argument_errors_are_one_line_and_exit_2(args, words, tmp_path):
+  if "--out" in args:
+    args = [str(tmp_path / a) if a == "x" else a for a in args]
+  proc = _run(*args)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and words in lines[0], proc.stderr
+  assert not any(tmp_path.iterdir())   # nothing written
+
+
+def test_setup_pins_equal_staged_versions():
+  text = open(os.path.join(ROOT, "setup.py")).read()
+  pins = {device_wheels.canonical(n): v for n, v in re.findall(r'"([A-Za-z0-9_.\-]+)==([^"]+)"',
+                                                                   text)}
+  staged = {device_wheels.canonical(n): v for n, v in device_wheels.MISSING.items()}
+  shared = set(pins) & set(staged)
+  assert {"tokamax", "grain", "tensorflow-datasets", "ml-collections", "tensorboardx"} <= shared
+  for name in shared:
+    assert staged[name] == pins[name], name
+  # What the device lacks and what it holds do not overlap.
+  assert not shared & {device_wheels.canonical(n) for n in device_wheels.TARGET_HAS}
+
+
+def _wheel(path, name: str, version: str, requires: list[str]) -> str:
+  import zipfile
+  file = os.path.join(path, f"{name}-{version}-py3-none-any.whl")
+  with zipfile.ZipFile(file, "w") as z:
+    meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    z.writestr(f"{name}-{version}.dist-info/METADATA", f"Name: {name}\nVersion: {version}\n{meta}")
+  return file
+
+
+def test_completeness_check_names_the_gap(tmp_path, monkeypatch):
+  monkeypatch.setattr(device_wheels, "MISSING", {"alpha": "1.0", "beta": "2.0"})
+  monkeypatch.setattr(device_wheels, "TARGET_HAS", ("numpy",))
+  _wheel(tmp_path, "alpha", "1.0", ["beta>=2", "numpy", "gamma; python_version < '3.0'",
+                                    "delta; extra == 'test'"])
+  with pytest.raises(ValueError, match="no wheel .* for beta"):
+    device_wheels.check_complete(str(tmp_path), "312")
+  _wheel(tmp_path, "beta", "2.0", ["epsilon"])
+  with pytest.raises(ValueError, match="beta-2.0-py3-none-any.whl needs epsilon"):
+    device_wheels.check_complete(str(tmp_path), "312")
+  monkeypatch.setattr(device_wheels, "TARGET_HAS", ("numpy", "epsilon"))
+  device_wheels.check_complete(str(tmp_path), "312")
+  manifest = device_wheels.write_manifest(str(tmp_path), "312")
+  assert [w["name"] for w in manifest["wheels"]] == ["alpha", "beta"]
+  assert manifest["total_bytes"] == sum(os.path.getsize(tmp_path / w["file"])
+                                        for w in manifest["wheels"])
+
+
+def test_wheel_tags():
+  assert device_wheels._tag_matches("a-1-cp312-cp312-manylinux_2_17_x86_64.whl", "312")
+  assert not device_wheels._tag_matches("a-1-cp311-cp311-manylinux_2_17_x86_64.whl", "312")
+  assert device_wheels._tag_matches("toml-0.10.2-py2.py3-none-any.whl", "311")
+
+
+def test_junit_counts(tmp_path):
+  xml = tmp_path / "j.xml"
+  xml.write_text(
+      '<testsuites><testsuite>'
+      '<testcase classname="tests.band_test" name="a"/>'
+      '<testcase classname="tests.band_test" name="b"><failure message="x"/></testcase>'
+      '<testcase classname="tests.flash_test" name="c"><skipped/></testcase>'
+      '<testcase classname="tests.flash_test" name="d"><error message="y"/></testcase>'
+      '</testsuite></testsuites>')
+  counts = device_runs.junit_counts(str(xml))
+  assert counts["totals"] == dict(passed=1, failed=1, errors=1, skipped=1)
+  assert counts["per_file"]["band_test.py"] == dict(passed=1, failed=1, errors=0, skipped=0)
+  assert counts["failing"] == ["tests.band_test::b", "tests.flash_test::d"]
+
+
+def test_verbose_counts_of_a_stopped_run():
+  output = ("[gw0] [ 10%] PASSED tests/band_test.py::test_a[1]\n"
+            "[gw1] [ 20%] FAILED tests/band_test.py::test_b\n"
+            "tests/flash_test.py::test_c SKIPPED (no gpu)\n"
+            "[gw0] [ 30%] ERROR tests/flash_test.py::test_d\n"
+            "collected 40 items\n")
+  counts = device_runs.verbose_counts(output)
+  assert counts["totals"] == dict(passed=1, failed=1, errors=1, skipped=1)
+  assert counts["failing"] == ["tests/band_test.py::test_b", "tests/flash_test.py::test_d"]
+
+
+def test_overtaking_length():
+  def row(case, n, s):
+    return dict(case=case, dtype="bfloat16", head_dim=64, length=n, fwdbwd_s=s)
+  rows = [row("cudnn_dense", n, s) for n, s in ((1, 1.0), (2, 2.0), (4, 8.0), (8, 32.0))]
+  rows += [row("band", n, s) for n, s in ((1, 0.5), (2, 3.0), (4, 6.0), (8, 12.0))]
+  rows += [row("slow", n, 99.0) for n in (1, 2, 4, 8)]
+  out = {o["case"]: o["overtakes_at"] for o in device_speed.overtaking(rows, "cudnn_dense")}
+  assert out == {"band": 4, "slow": None}   # faster at 1 but not at 2: overtakes from 4
+
+
+def test_dilated_band_pairs_match_the_mask():
+  import numpy as np
+
+  from attention import masks
+  for n, w, d in ((37, 3, 1), (37, 3, 2), (64, 5, 4)):
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    dense = (np.abs(i - j) <= w * d) & ((i - j) % d == 0)
+    assert device_speed._dilated_band_pairs(n, w, d) == int(dense.sum())
+  del masks
+
+
+@pytest.mark.slow
+def test_rehearsal_of_every_part(tmp_path):
+  """Stages the wheels for this Python, builds a fresh environment like the GPU machine's and
+  runs every part at toy sizes there (about 6 minutes on 2 cores; needs the registry)."""
+  tag = f"{sys.version_info.major}{sys.version_info.minor}"
+  device_wheels.stage(python_tag=tag)
+  out = tmp_path / "check"
+  proc = subprocess.run([sys.executable, SCRIPT, "all", "--out", str(out), "--rehearse",
+                         "--budget", "150"], capture_output=True, text=True, cwd=ROOT,
+                        timeout=1500)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  records = {}
+  for part in device_check.PARTS:
+    assert (out / f"{part}.log").exists()
+    with open(out / f"{part}.jsonl") as f:
+      rows = [json.loads(line) for line in f]
+    for r in rows:
+      assert r["part"] == part and r["command"] and r["machine"]["versions"]["jax"]
+      assert r["machine"]["staged_wheels"]["installed"], "the fresh environment lacked nothing?"
+    assert rows[-1]["name"] == "done" and rows[-1]["ok"], rows[-1]
+    records[part] = rows
+  env = {r["name"]: r for r in records["env"]}
+  assert env["imports"]["ok"], env["imports"]["failures"]
+  assert all(r["rel_error"] < 1e-5 for r in records["env"] if r["name"] == "matmul_f32"
+             and r["precision"] == "highest")
+  pytest_row = next(r for r in records["tests"] if r["name"] == "pytest")
+  assert pytest_row["returncode"] == 0 and pytest_row["totals"]["passed"] > 0
+  assert pytest_row["totals"]["failed"] == pytest_row["totals"]["errors"] == 0
+  timed = [r for r in records["speed"] if r["name"] == "attention" and r.get("fwdbwd_s")]
+  assert {"tokamax_dense", "band_w256", "favor", "flash"} <= {r["case"] for r in timed}
+  assert all(r["backend"] and r["own_flops_fwd"] > 0 for r in timed)
+  cudnn = [r for r in records["speed"] if r.get("case") == "cudnn_dense"]
+  assert cudnn and all(r["status"].startswith(("error", "skipped")) for r in cudnn)  # no GPU
+  assert {r["dtype"] for r in timed} == {"bfloat16", "float32"}
+  assert any(r["name"] == "overtaking" for r in records["speed"])
+  steps = [r for r in records["grid"] if r["name"] == "text_base_step"]
+  assert steps and all(r["point"].get("kind") for r in steps)
+  listops = [r for r in records["lra"] if r["name"] == "listops"]
+  assert [r["attention"] for r in listops] == ["dot_product", "band"]
+  assert all(r["test_accuracy"] is not None for r in listops)
