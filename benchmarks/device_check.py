@@ -1,46 +1,52 @@
 """The device check: one prepared script that measures this codebase on a GPU in a short lease.
 
-  python3 benchmarks/device_check.py PART --out DIR [--budget SECONDS] [--rehearse]
+  python3 benchmarks/device_check.py PART[,PART...] --out DIR [--budget SECONDS] [--rehearse]
 
-PART is one of `env`, `tests`, `speed`, `lra` or `all` (every part in turn). Each part writes
-JSON lines to `DIR/<part>.jsonl` and its log to `DIR/<part>.log`; every record carries the
-machine (GPU model, memory, clocks and power limit from nvidia-smi when present; jax, jaxlib,
-CUDA, flax, optax, orbax and tokamax versions) and the exact command. Each part keeps to a wall
-budget (default 280 s, under the 5 minutes it is sized for on one H100): it stops adding sizes
-when the budget is near and records what it skipped.
+PART is `env`, `tests`, `speed`, `grid`, `lra`, or `all` (every part in turn). Each part writes
+JSON lines to `DIR/<part>.jsonl` and its log to `DIR/<part>.log` (and `tests` its junit xml);
+every record carries the machine (GPU model, memory, clocks, power limit and driver from
+nvidia-smi when present; jax, jaxlib, CUDA plugin, flax, optax, orbax and tokamax versions) and
+the exact command. Each part keeps to a wall budget (`BUDGETS`, at most 280 s, inside the 5
+minutes it is sized for on one H100): it stops adding sizes when the budget is near and records
+what it skipped. LRA runs, their generated data and the step grid's own files go to `--scratch`
+(a temporary folder by default), so DIR holds at most 11 small files.
 
-- `env`: versions, devices, memory, nvidia-smi, the supported-version check of
-  `attention.compat`, an import of every module of the codebase (a jax/flax/orbax difference
-  shows here first), a tiny jit and a float32 matmul against a float64 reference at precision
+- `env` (benchmarks/device_runs.py): versions, devices, memory, nvidia-smi, the supported-range
+  check of `attention.compat`, an import of every module of the codebase (a jax, flax or orbax
+  difference shows here first), a float32 matmul against a float64 reference at precision
   highest and at the default precision (TF32 on Hopper).
-- `tests`: pytest on the attention, model, kinds, training-step and checkpoint test files
-  (`TEST_FILES`, those present) with `-m "not slow"`, `-n 4` and
-  `XLA_PYTHON_CLIENT_PREALLOCATE=false`; junit xml in DIR, counts per file in the jsonl.
-- `speed`: forward and forward+backward time of every kind configuration of `SPEED_CASES`
-  (band windows 256/512 with and without per-head dilation and 16 global tokens, BigBird,
-  strided sparse, FAVOR+, linear, Linformer, our flash) and of the peers, tokamax dense and cuDNN
-  dense (bfloat16 only), at 1K-64K tokens, head dim 128 then 64, bfloat16 then float32; batch x
-  heads fill the GPU (batch x length = 16K tokens, heads x head dim = 2048). TFLOP/s of the
-  kind's own work and of the dense-equivalent work, the fraction of the measured matmul peak,
-  the compiled program's memory, and per kind the length where it overtakes cuDNN dense. Our
-  kinds go through `attention.backends.function(kind, implementation)` (`auto`, recorded with
-  the backend it resolved to). Then the Text-base training-step grid of
-  `benchmarks/lra_speed.py` with what is left of the budget.
-- `lra`: `lra run listops --size base` with dense and with band attention, 5,000 steps or as
-  many as fit the budget (the run is stopped cleanly and evaluated at the step it reached); test
-  accuracy, steps per second and wall time in the jsonl. ListOps is generated, nothing is
-  downloaded.
+- `tests` (device_runs.py): pytest on the attention, model, kinds, training-step and checkpoint
+  test files (`device_runs.TEST_FILES`, those present) with `-m "not slow"`, `-n 4` and
+  `XLA_PYTHON_CLIENT_PREALLOCATE=false`; counts per file and the failing tests in the jsonl
+  (from the junit xml, or from pytest's `-v` lines when the budget stopped it).
+- `speed` (benchmarks/device_speed.py): forward and forward+backward time of band (window 256
+  and 512, with and without per-head dilation, 0 and 16 global tokens), BigBird, strided
+  sparse, FAVOR+, linear, Linformer and our flash, each through
+  `attention.backends.function(kind, "auto")` (the backend it resolved to is recorded), and of
+  the peers tokamax dense and cuDNN dense (bfloat16 only); head dim 128 then 64, bfloat16 then
+  float32, 1K-64K tokens in tiers of importance (`device_speed.TIERS`); batch x length = 16K
+  tokens and heads x head dim = 2048 fill the GPU. TFLOP/s of the kind's own work and of the
+  dense-equivalent work, the fraction of the measured matmul peak, the compiled programs'
+  memory, and per kind the length where it overtakes cuDNN dense.
+- `grid` (device_speed.py): the Text-base training-step grid of benchmarks/lra_speed.py.
+- `lra` (device_runs.py): `lra run listops --size base` with each of `--lra_kinds` (default
+  dense and band; they share the budget), 5,000 steps or as many as fit: a run still going
+  near the end is stopped cleanly (SIGTERM) and evaluated at the step it reached. Test
+  accuracy, steps per second and wall time in the jsonl. ListOps is generated, never fetched.
 
 Packages the GPU machine lacks (tensorflow-datasets, grain, tokamax, ...) are installed when
 their imports are missing, from the wheels `make device-wheels` staged in
 `device-wheels/cp<python>/` (`pip install --no-index --no-deps --target` a temporary folder,
 put on sys.path and PYTHONPATH).
 
-`--rehearse` runs every part named at toy sizes on this CPU from a fresh virtual environment
+`--rehearse` runs the parts named at toy sizes on this CPU from a fresh virtual environment
 built like the GPU machine's: jax, flax, optax, orbax, chex, etils, numpy, Pillow, tqdm, pytest
 and what else that machine holds (`device_wheels.TARGET_HAS`) installed from the registry, the
 rest only from the staged wheels for this machine's Python (`make device-wheels
 PYTHON_TAG=311`), which proves the staging list complete.
+
+On a 15-minute lease (docs/accelerators.md): `env,tests` in one call and `speed` in a second,
+each with a 360 s limit; `lra` (one kind per call, `--budget 330`) and `grid` in later leases.
 """
 
 from __future__ import annotations

@@ -34,16 +34,18 @@ def nvidia_smi() -> dict | None:
   """GPU name, memory, clocks, power limit and driver from nvidia-smi (None without it)."""
   if shutil.which("nvidia-smi") is None:
     return None
-  fields = ("name", "memory.total", "clocks.sm", "clocks.max.sm", "clocks.mem",
-            "clocks.max.mem", "power.limit", "power.draw", "temperature.gpu", "driver_version")
+  fields = ("name", "memory.total", "clocks.current.sm", "clocks.max.sm",
+            "clocks.current.memory", "clocks.max.memory", "power.limit", "power.draw",
+            "temperature.gpu", "pstate", "driver_version")
   try:
-    out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
-                          "--format=csv,noheader"], capture_output=True, text=True,
-                         timeout=30).stdout
+    proc = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                           "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
   except (OSError, subprocess.TimeoutExpired) as e:
     return {"error": f"{type(e).__name__}: {e}"}
+  if proc.returncode != 0:          # a field this driver does not know: say so, keep going
+    return {"error": (proc.stdout + proc.stderr).strip()[:500]}
   gpus = [dict(zip(fields, (x.strip() for x in line.split(","))))
-          for line in out.strip().splitlines() if line.strip()]
+          for line in proc.stdout.strip().splitlines() if line.strip()]
   return {"gpus": gpus}
 
 
