@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-core
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
 
-.PHONY: demo test test-fast bench bench-demo venv bench-venv device-wheels
+.PHONY: demo test test-fast bench bench-demo venv bench-venv device-wheels device-rehearse
 
 $(STAMP): setup.py
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -52,3 +52,9 @@ bench: $(BENCH_STAMP)
 PYTHON_TAG ?= 312
 device-wheels: $(STAMP)
 	$(VENV)/bin/python benchmarks/device_wheels.py --python-tag $(PYTHON_TAG)
+
+# The device check's rehearsal: every part at toy sizes on this CPU, from a fresh virtual
+# environment built like the GPU machine's, with the wheels staged for this Python.
+device-rehearse: $(STAMP)
+	$(MAKE) device-wheels PYTHON_TAG=$$($(VENV)/bin/python -c 'import sys; print("%d%d" % sys.version_info[:2])')
+	$(VENV)/bin/python benchmarks/device_check.py all --out $${TMPDIR:-/tmp}/device-rehearsal --rehearse

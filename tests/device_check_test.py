@@ -124,6 +124,20 @@ def test_overtaking_length():
   assert out == {"band": 4, "slow": None}   # faster at 1 but not at 2: overtakes from 4
 
 
+def test_speed_plan():
+  names = {c["name"] for c in device_speed.speed_cases()}
+  assert set(device_speed.TARGET_CASES) <= names          # no misspelt case in a tier
+  for toy in (False, True):
+    points = device_speed.planned_points(toy)
+    keys = [device_speed._point_key(p) for p in points]
+    assert len(keys) == len(set(keys))
+    assert not any(p["case"] == "cudnn_dense" and p["dtype"] != "bfloat16" for p in points)
+  full = device_speed.planned_points(False)
+  assert {p["length"] for p in full} == {1024, 4096, 16384, 32768, 65536}
+  assert all(p["batch"] * p["length"] >= device_speed.TOKENS and
+             p["heads"] * p["head_dim"] == device_speed.WIDTH for p in full)
+
+
 def test_dilated_band_pairs_match_the_mask():
   import numpy as np
 
