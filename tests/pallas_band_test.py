@@ -71,9 +71,9 @@ def _check(q, k, v, ct, *, atol=1e-5, **kw):
 CASES = [
     # not a multiple of the block; per-head dilation (1, 2, 3); globals with an empty row
     (37, 3, 16, 4, (1, 2, 3), False, True, True, 16, 16),
-    (37, 3, 32, 3, (1, 2, 3), True, True, True, 16, 32),
+    (37, 3, 32, 3, (3, 3, 1), True, True, True, 16, 32),       # two heads share dilation 3
     (5, 2, 16, 2, 1, False, False, True, None, None),          # shorter than one block
-    (130, 1, 16, 20, 2, False, True, False, 32, 16),           # many key blocks, bq != bk
+    (130, 2, 16, 20, 2, False, True, False, 32, 16),           # many key blocks, bq != bk
     (40, 2, 16, 0, 1, True, True, True, 16, 16),               # window 0, causal, global
     (30, 2, 32, 64, (2, 1), False, True, True, 16, 16),        # window longer than the length
 ]

@@ -1,0 +1,341 @@
+"""The Pallas kernels of `attention.pallas_band`: forward, dq, dk/dv and global dk/dv.
+
+Layout (no transposes). A run of h heads sharing a dilation d is seen as a 5-D array
+`[B, Lp, d, h, D]`, a free reshape of `[B, Lp * d, h, D]`: position p = t * d + r sits at class
+position t of residue class r. A program works on one row n = (b, r, head) of N = B * d * h and
+its BlockSpecs pick the `[block, D]` tiles of that row out of the 5-D array directly (a strided
+load, rows d * h * D elements apart, as jax's own GPU attention reads `[B, L, H, D]`), so q, k,
+v, the output and every gradient stay in the caller's `[B, L, H, D]` order. Per-row vectors
+(log-sum-exp, delta, global slots) are `[N, ...]`; the key validity is `[B, Lp, d]`.
+
+Grids: forward and dq (N, Lp / block_q), each program looping over the key blocks that
+intersect the window of its query block (`key_blocks`) and then the global slots as one extra
+key block; dk/dv (N, Lp / block_k), each program looping over the query blocks whose window
+reaches its key block (`query_blocks`); global dk/dv (N,), one program per row looping over all
+query blocks. Softmax statistics and accumulators are float32; matmul operands keep the input
+dtype (bfloat16 stays bfloat16 on the tensor cores). Every block is a power of two >= 16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from attention.dot_product import NEG_INF
+
+# Class position of an empty global slot: after every query, so no query ever attends it.
+FAR = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+  """Static configuration of one kernel launch."""
+  window: int
+  causal: bool
+  block_q: int
+  block_k: int
+  scale: float
+  interpret: bool
+
+  @property
+  def right(self) -> int:
+    """How far to the right of a query its band reaches."""
+    return 0 if self.causal else self.window
+
+
+def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
+  """2-D matmul contracting axis contract[0] of a with axis contract[1] of b, float32 out."""
+  dims = (((contract[0],), (contract[1],)), ((), ()))
+  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
+def _band_allowed(t: jax.Array, s: jax.Array, ok: jax.Array, cfg: Tiles) -> jax.Array:
+  """[bq, bk] bool: query class positions t may see key class positions s (valid keys only)."""
+  rel = t[:, None] - s[None, :]
+  return (rel <= cfg.window) & (rel >= -cfg.right) & (ok[None, :] != 0)
+
+
+def _global_allowed(t: jax.Array, gpos: jax.Array, cfg: Tiles) -> jax.Array:
+  """[bq, G] bool: the global slots each query sees (empty slots sit at FAR)."""
+  limit = t[:, None] if cfg.causal else FAR - 1
+  return gpos[None, :] <= limit
+
+
+def key_blocks(i: jax.Array, cfg: Tiles, num_k: int) -> tuple[jax.Array, jax.Array]:
+  """Key blocks [lo, hi) that intersect the window of query block i."""
+  first = i * cfg.block_q
+  lo = lax.div(jnp.maximum(first - cfg.window, 0), cfg.block_k)
+  hi = jnp.minimum(lax.div(first + cfg.block_q - 1 + cfg.right, cfg.block_k) + 1, num_k)
+  return lo, hi
+
+
+def query_blocks(j: jax.Array, cfg: Tiles, num_q: int) -> tuple[jax.Array, jax.Array]:
+  """Query blocks [lo, hi) whose window reaches key block j."""
+  first = j * cfg.block_k
+  lo = lax.div(jnp.maximum(first - cfg.right, 0), cfg.block_q)
+  hi = jnp.minimum(lax.div(first + cfg.block_k - 1 + cfg.window, cfg.block_q) + 1, num_q)
+  return lo, hi
+
+
+def _softmax_step(carry, scores, allowed, v):
+  """One online-softmax update of (acc, running max, running sum) by a block of keys."""
+  acc, m, l = carry
+  scores = jnp.where(allowed, scores, NEG_INF)
+  m_new = jnp.maximum(m, jnp.max(scores, axis=1))
+  p = jnp.where(allowed, jnp.exp(scores - m_new[:, None]), 0.0)
+  correction = jnp.exp(m - m_new)
+  l = l * correction + jnp.sum(p, axis=1)
+  acc = acc * correction[:, None] + _dot(p.astype(v.dtype), v, (1, 0))
+  return acc, m_new, l
+
+
+def _forward_kernel(*refs, cfg: Tiles, has_global: bool):
+  if has_global:
+    q_ref, k_ref, v_ref, ok_ref, kg_ref, vg_ref, gpos_ref, o_ref, lse_ref = refs
+  else:
+    q_ref, k_ref, v_ref, ok_ref, o_ref, lse_ref = refs
+  bq, bk = cfg.block_q, cfg.block_k
+  i = pl.program_id(1)
+  q = q_ref[...]
+  t = i * bq + jnp.arange(bq)
+
+  def body(j, carry):
+    keys = pl.ds(j * bk, bk)
+    k = k_ref[keys, :]
+    scores = _dot(q, k, (1, 1)) * cfg.scale
+    allowed = _band_allowed(t, j * bk + jnp.arange(bk), ok_ref[keys], cfg)
+    return _softmax_step(carry, scores, allowed, v_ref[keys, :])
+
+  carry = (jnp.zeros((bq, o_ref.shape[-1]), jnp.float32),
+           jnp.full((bq,), NEG_INF, jnp.float32), jnp.zeros((bq,), jnp.float32))
+  lo, hi = key_blocks(i, cfg, k_ref.shape[0] // bk)
+  carry = lax.fori_loop(lo, hi, body, carry)
+  if has_global:
+    scores = _dot(q, kg_ref[...].astype(q.dtype), (1, 1)) * cfg.scale
+    allowed = _global_allowed(t, gpos_ref[...], cfg)
+    carry = _softmax_step(carry, scores, allowed, vg_ref[...].astype(v_ref.dtype))
+  acc, m, l = carry
+  has = l > 0
+  safe = jnp.where(has, l, 1.0)
+  o_ref[...] = jnp.where(has[:, None], acc / safe[:, None], 0.0).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(has, m + jnp.log(safe), NEG_INF)
+
+
+def _probs_and_dscores(q, k, v, do, lse, delta, allowed, cfg: Tiles):
+  """Recomputed probabilities p and score gradients ds = p * (do v^T - delta), [bq, bk]."""
+  scores = _dot(q, k, (1, 1)) * cfg.scale
+  p = jnp.where(allowed, jnp.exp(scores - lse[:, None]), 0.0)
+  ds = p * (_dot(do, v, (1, 1)) - delta[:, None])
+  return p, ds
+
+
+def _dq_kernel(*refs, cfg: Tiles, has_global: bool):
+  if has_global:
+    q_ref, k_ref, v_ref, ok_ref, kg_ref, vg_ref, gpos_ref, do_ref, lse_ref, delta_ref, \
+        dq_ref = refs
+  else:
+    q_ref, k_ref, v_ref, ok_ref, do_ref, lse_ref, delta_ref, dq_ref = refs
+  bq, bk = cfg.block_q, cfg.block_k
+  i = pl.program_id(1)
+  q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  t = i * bq + jnp.arange(bq)
+
+  def body(j, dq):
+    keys = pl.ds(j * bk, bk)
+    k = k_ref[keys, :]
+    allowed = _band_allowed(t, j * bk + jnp.arange(bk), ok_ref[keys], cfg)
+    _, ds = _probs_and_dscores(q, k, v_ref[keys, :], do, lse, delta, allowed, cfg)
+    return dq + _dot(ds.astype(k.dtype), k, (1, 0))
+
+  lo, hi = key_blocks(i, cfg, k_ref.shape[0] // bk)
+  dq = lax.fori_loop(lo, hi, body, jnp.zeros(dq_ref.shape, jnp.float32))
+  if has_global:
+    kg = kg_ref[...].astype(q.dtype)
+    allowed = _global_allowed(t, gpos_ref[...], cfg)
+    _, ds = _probs_and_dscores(q, kg, vg_ref[...].astype(do.dtype), do, lse, delta, allowed,
+                               cfg)
+    dq = dq + _dot(ds.astype(kg.dtype), kg, (1, 0))
+  dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(q_ref, k_ref, v_ref, ok_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+                cfg: Tiles):
+  bq, bk = cfg.block_q, cfg.block_k
+  j = pl.program_id(1)
+  k, v, ok = k_ref[...], v_ref[...], ok_ref[...]
+  s = j * bk + jnp.arange(bk)
+
+  def body(i, carry):
+    dk, dv = carry
+    rows = pl.ds(i * bq, bq)
+    q, do = q_ref[rows, :], do_ref[rows, :]
+    allowed = _band_allowed(i * bq + jnp.arange(bq), s, ok, cfg)
+    p, ds = _probs_and_dscores(q, k, v, do, lse_ref[rows], delta_ref[rows], allowed, cfg)
+    return (dk + _dot(ds.astype(q.dtype), q, (0, 0)), dv + _dot(p.astype(do.dtype), do, (0, 0)))
+
+  lo, hi = query_blocks(j, cfg, q_ref.shape[0] // bq)
+  dk, dv = lax.fori_loop(lo, hi, body, (jnp.zeros(dk_ref.shape, jnp.float32),
+                                        jnp.zeros(dv_ref.shape, jnp.float32)))
+  dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _global_dkv_kernel(q_ref, kg_ref, vg_ref, gpos_ref, do_ref, lse_ref, delta_ref, dkg_ref,
+                       dvg_ref, *, cfg: Tiles):
+  bq = cfg.block_q
+  kg = kg_ref[...].astype(q_ref.dtype)
+  vg = vg_ref[...].astype(do_ref.dtype)
+  gpos = gpos_ref[...]
+
+  def body(i, carry):
+    dk, dv = carry
+    rows = pl.ds(i * bq, bq)
+    q, do = q_ref[rows, :], do_ref[rows, :]
+    allowed = _global_allowed(i * bq + jnp.arange(bq), gpos, cfg)
+    p, ds = _probs_and_dscores(q, kg, vg, do, lse_ref[rows], delta_ref[rows], allowed, cfg)
+    return (dk + _dot(ds.astype(q.dtype), q, (0, 0)), dv + _dot(p.astype(do.dtype), do, (0, 0)))
+
+  dk, dv = lax.fori_loop(0, q_ref.shape[0] // bq, body,
+                         (jnp.zeros(dkg_ref.shape, jnp.float32),
+                          jnp.zeros(dvg_ref.shape, jnp.float32)))
+  dkg_ref[...] = dk * cfg.scale
+  dvg_ref[...] = dv
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where row n = (b, r, head) of a run of `heads` heads with dilation `dilation` lives."""
+  dilation: int
+  heads: int
+
+  def coords(self, n: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(batch, residue, head) of row n."""
+    return (lax.div(n, self.dilation * self.heads), lax.rem(lax.div(n, self.heads),
+                                                            self.dilation), lax.rem(n, self.heads))
+
+  def seq(self, rows: int, width: int, whole: bool = False) -> pl.BlockSpec:
+    """Tile i (or the whole row when `whole`) of a `[B, Lp, d, h, width]` array."""
+    def index(n, *i):
+      b, r, head = self.coords(n)
+      return b, (0 if whole else i[0]), r, head, 0
+    return pl.BlockSpec((None, rows, None, None, width), index)
+
+  def valid(self, rows: int, whole: bool = False) -> pl.BlockSpec:
+    """Tile i (or the whole row) of the `[B, Lp, d]` key validity."""
+    def index(n, *i):
+      b, r, _ = self.coords(n)
+      return b, (0 if whole else i[0]), r
+    return pl.BlockSpec((None, rows, None), index)
+
+
+def _row(*shape: int) -> pl.BlockSpec:
+  """The whole row n of an `[N, *shape]` array, for any program (n, ...)."""
+  return pl.BlockSpec((None, *shape), lambda n, *_: (n,) + (0,) * len(shape))
+
+
+def _tile(rows: int) -> pl.BlockSpec:
+  """Tile i of an `[N, Lp]` array, for program (n, i)."""
+  return pl.BlockSpec((None, rows), lambda n, i: (n, i))
+
+
+def _call(kernel, cfg: Tiles, grid, in_specs, out_specs, out_shape, name: str, head_dim: int):
+  return pl.pallas_call(
+      kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      interpret=cfg.interpret, name=name,
+      compiler_params=plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2),
+  )
+
+
+def _key_side(cfg: Tiles, q, k, v, kg):
+  """Layout, sizes and the in_specs shared by the forward and dq kernels (q tile, whole k, v,
+  validity and global slots)."""
+  b_, length, dilation, heads, dp = q.shape
+  dvp = v.shape[-1]
+  lay = Layout(dilation, heads)
+  specs = [lay.seq(cfg.block_q, dp), lay.seq(length, dp, whole=True),
+           lay.seq(length, dvp, whole=True), lay.valid(length, whole=True)]
+  if kg is not None:
+    g = kg.shape[1]
+    specs += [_row(g, dp), _row(g, dvp), _row(g)]
+  return lay, b_ * dilation * heads, length, dp, dvp, specs
+
+
+def _forward(cfg: Tiles, q, k, v, ok, kg, vg, gpos):
+  lay, n, length, dp, dvp, specs = _key_side(cfg, q, k, v, kg)
+  has_global = kg is not None
+  args = [q, k, v, ok] + ([kg, vg, gpos] if has_global else [])
+  out, lse = _call(
+      functools.partial(_forward_kernel, cfg=cfg, has_global=has_global), cfg,
+      (n, length // cfg.block_q), specs, [lay.seq(cfg.block_q, dvp), _tile(cfg.block_q)],
+      [jax.ShapeDtypeStruct(q.shape[:-1] + (dvp,), q.dtype),
+       jax.ShapeDtypeStruct((n, length), jnp.float32)], "pallas_band_forward", dp)(*args)
+  return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def attend(cfg: Tiles, q: jax.Array, k: jax.Array, v: jax.Array, ok: jax.Array,
+           kg: jax.Array | None, vg: jax.Array | None, gpos: jax.Array | None) -> jax.Array:
+  """Band and global-key attention of one run of heads, with a Pallas backward.
+
+  Args:
+    cfg: window, causality, blocks (which must divide Lp), scale, interpret.
+    q, k: `[B, Lp, d, h, Dp]`; v `[B, Lp, d, h, Dvp]` (Dp, Dvp powers of two >= 16).
+    ok: int32 `[B, Lp, d]`, nonzero where the band may use the key.
+    kg, vg: float32 `[N, G, Dp]`, `[N, G, Dvp]` global keys and values of each row, N = B*d*h
+      in (b, r, head) order, G a power of two >= 16; or None without global tokens.
+    gpos: int32 `[N, G]`: first class position that sees each slot (FAR for an empty slot).
+
+  Returns:
+    `[B, Lp, d, h, Dvp]` in q's dtype, 0 for a query with no allowed key.
+  """
+  return _forward(cfg, q, k, v, ok, kg, vg, gpos)[0]
+
+
+def _attend_fwd(cfg, q, k, v, ok, kg, vg, gpos):
+  out, lse = _forward(cfg, q, k, v, ok, kg, vg, gpos)
+  return out, (q, k, v, ok, kg, vg, gpos, out, lse)
+
+
+def _attend_bwd(cfg, res, do):
+  q, k, v, ok, kg, vg, gpos, out, lse = res
+  lay, n, length, dp, dvp, specs = _key_side(cfg, q, k, v, kg)
+  bq, bk = cfg.block_q, cfg.block_k
+  has_global = kg is not None
+  do = do.astype(q.dtype)
+  delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)  # [B, Lp, d, h]
+  delta = delta.transpose(0, 2, 3, 1).reshape(n, length)
+
+  args = [q, k, v, ok] + ([kg, vg, gpos] if has_global else [])
+  dq = _call(functools.partial(_dq_kernel, cfg=cfg, has_global=has_global), cfg,
+             (n, length // bq), specs + [lay.seq(bq, dvp), _tile(bq), _tile(bq)],
+             lay.seq(bq, dp), jax.ShapeDtypeStruct(q.shape, q.dtype), "pallas_band_dq",
+             dp)(*args, do, lse, delta)
+
+  dk, dv = _call(
+      functools.partial(_dkv_kernel, cfg=cfg), cfg, (n, length // bk),
+      [lay.seq(length, dp, whole=True), lay.seq(bk, dp), lay.seq(bk, dvp), lay.valid(bk),
+       lay.seq(length, dvp, whole=True), _row(length), _row(length)],
+      [lay.seq(bk, dp), lay.seq(bk, dvp)],
+      [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      "pallas_band_dkv", dp)(q, k, v, ok, do, lse, delta)
+
+  dkg = dvg = None
+  if has_global:
+    g = kg.shape[1]
+    dkg, dvg = _call(
+        functools.partial(_global_dkv_kernel, cfg=cfg), cfg, (n,),
+        [lay.seq(length, dp, whole=True), _row(g, dp), _row(g, dvp), _row(g),
+         lay.seq(length, dvp, whole=True), _row(length), _row(length)],
+        [_row(g, dp), _row(g, dvp)],
+        [jax.ShapeDtypeStruct(kg.shape, jnp.float32), jax.ShapeDtypeStruct(vg.shape, jnp.float32)],
+        "pallas_band_global_dkv", dp)(q, kg, vg, gpos, do, lse, delta)
+  return dq, dk, dv, None, dkg, dvg, None
+
+
+attend.defvjp(_attend_fwd, _attend_bwd)
