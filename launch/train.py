@@ -27,11 +27,12 @@ import errno
 import os
 import sys
 import traceback
-from typing import Sequence
+from typing import Any, Sequence
 
 import ml_collections
 
 import configs
+from launch import run_state
 from launch.values import config_arg_fields, flag_spelling, flatten
 from lra import schema
 from lra import phases  # pure Python: the trainer is imported by its functions only
@@ -163,6 +164,19 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   workdir = args.workdir or default_workdir(args.task, config)
+  try:  # a finished run is shown, continued to more steps, or refused: never rewritten
+    rerun, stored = _rerun(config, workdir)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if rerun == "same":
+    print(tasks_lib.get_task(config.task).result_line(
+        stored, storage.join(storage.resolve(workdir), "results.json")), flush=True)
+    return 0
+  if rerun == "more":
+    print(f"Continuing the finished run in {workdir} from step {stored['steps']} to "
+          f"{config.num_train_steps} (num_train_steps: {stored['steps']} -> "
+          f"{config.num_train_steps}).", flush=True)
   from lra import compiling, train  # heavy imports only once the arguments are valid
   from lra.data import archives
   task = tasks_lib.get_task(config.task)
@@ -204,6 +218,15 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     return 130
   print(task.result_line(results, phases.results_path(workdir, results)), flush=True)
   return 0
+
+
+def _rerun(config: ml_collections.ConfigDict, workdir: str) -> tuple[str, Any]:
+  """`run_state.rerun_of_finished` for an unstaged run (a staged one skips its finished
+  phases); ("new", None) for a staged one."""
+  if config.get("phases"):
+    return "new", None
+  return run_state.rerun_of_finished(config.to_json_best_effort(indent=2, sort_keys=True),
+                                     storage.resolve(workdir))
 
 
 def _configs_to_check(config: ml_collections.ConfigDict, workdir: str

@@ -71,8 +71,15 @@ class Run:
     self.best_ckpt = checkpoint.Checkpointer(storage.join(workdir, "best"), every=0, keep=1)
     self.total_steps = int(config.num_train_steps)
     self.restore()
-    self.writer = metrics.MetricWriter(workdir)
     start, total = self.start_step, self.total_steps
+    if start > total:
+      raise ValueError(f"the checkpoints in {self.ckpt.directory} are at step {start}, past "
+                       f"num_train_steps {total}: a finished run is not rewritten with an "
+                       f"earlier step; pass a new --workdir (or a num_train_steps >= {start}).")
+    self.stored = self._stored_results() if start == total else None
+    self.writer = metrics.MetricWriter(workdir)
+    if self.stored is not None:   # finished: nothing is evaluated or written again
+      return
     # Records written after the step resumed from (by a run killed before its next checkpoint),
     # and the final evaluation's, are written again: drop them so each step has one record.
     self.writer.keep_only(lambda r: r["step"] < start or (
@@ -108,6 +115,16 @@ class Run:
       best = self.best_ckpt.restore_latest({"params": self._abstract_params()})
       if best is not None:
         self.best = best[1]["best"]
+
+  def _stored_results(self) -> dict[str, Any] | None:
+    """The results.json of this run finished at `total_steps`, or None."""
+    try:
+      results = storage.read_json(storage.join(self.workdir, "results.json"))
+    except ValueError:   # unreadable: the final evaluation writes it again
+      return None
+    if isinstance(results, dict) and results.get("steps") == self.total_steps:
+      return results
+    return None
 
   def _initial_params(self):
     """The parameters of `config.init_from`; with `config.init_length` (the source's max_length,
@@ -272,5 +289,9 @@ def run(trainer: Any, config: ml_collections.ConfigDict, workdir: str, *,
   stop, `lock.heartbeat()` is called at each save, and `started` is the `time.time()` the run's
   wall time counts from."""
   r = Run(trainer, config, workdir, hooks=hooks, stop=stop, lock=lock, started=started)
+  if r.stored is not None:
+    r.close()
+    print(f"The run in {workdir} finished earlier; its results are unchanged.", flush=True)
+    return {**r.stored, "interrupted": False, "state": r.state}
   step = r.train()
   return r.finish() if step is None else r.stopped(step)

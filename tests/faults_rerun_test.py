@@ -1,0 +1,110 @@
+"""A finished run is never rewritten: `lra run` again in its workdir (issue 36, F0).
+
+A tiny ListOps run (`lra run listops --size small`, 12 steps) is finished once; then the same
+command with FEWER steps must refuse in one line naming the field and exit 2, changing no file;
+the unchanged command must print the stored result and change no file (no re-evaluation);
+another field changed must refuse naming it; MORE steps must continue from the last checkpoint
+to the new count. "No file changed" is checked byte for byte over the whole workdir.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
+
+STEPS = 12
+TINY = ["--config.data.num_train=96", "--config.data.num_val=64", "--config.data.num_test=64",
+        "--config.eval_batch_size=32", "--config.data.max_length=24",
+        "--config.data.gen_min_length=4", "--config.data.gen_max_length=25",
+        "--config.model.emb_dim=16", "--config.model.qkv_dim=16", "--config.model.mlp_dim=32",
+        "--config.model.classifier_dim=16", "--config.model.num_layers=1",
+        "--config.batch_size=16", "--config.warmup_steps=2", "--config.log_every=3",
+        "--config.eval_every=6", "--config.checkpoint_every=4", "--config.progress=false"]
+
+
+def lra_run(workdir, data_dir, *extra, steps=STEPS):
+  env = {**os.environ, "LRA_DATA": data_dir, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  args = ["run", "listops", "--size", "small", "--workdir", workdir, *TINY,
+          f"--config.num_train_steps={steps}", *extra]
+  return subprocess.run([sys.executable, "-m", "launch.cli", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def snapshot(workdir) -> dict[str, str]:
+  """Every file under `workdir` (but the compile-cache-free lock) by its bytes' digest."""
+  out = {}
+  for base, _, names in os.walk(workdir):
+    for name in names:
+      path = os.path.join(base, name)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, workdir)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+  """A finished 12-step run: (workdir, data_dir, its files' digests, its stdout)."""
+  data_dir = str(tmp_path_factory.mktemp("data"))
+  workdir = str(tmp_path_factory.mktemp("finished") / "run")
+  done = lra_run(workdir, data_dir)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return workdir, data_dir, snapshot(workdir), done.stdout
+
+
+def test_fewer_steps_is_refused_in_one_line_and_changes_nothing(finished):
+  workdir, data_dir, files, _ = finished
+  again = lra_run(workdir, data_dir, steps=5)
+  assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
+  err = again.stderr.strip().splitlines()
+  assert len(err) == 1, again.stderr
+  assert f"num_train_steps: {STEPS} -> 5" in err[0] and "--workdir" in err[0]
+  assert "Traceback" not in again.stdout + again.stderr
+  assert snapshot(workdir) == files
+
+
+def test_unchanged_rerun_prints_the_stored_result_and_changes_nothing(finished):
+  workdir, data_dir, files, first_out = finished
+  again = lra_run(workdir, data_dir)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert again.stdout.strip().splitlines()[-1] == first_out.strip().splitlines()[-1]
+  assert "Resumed" not in again.stdout and "Preflight" not in again.stdout
+  assert snapshot(workdir) == files
+
+
+def test_other_fields_changed_are_refused_naming_them(finished):
+  workdir, data_dir, files, _ = finished
+  again = lra_run(workdir, data_dir, "--config.learning_rate=0.5", "--config.seed=3", steps=20)
+  assert again.returncode == 2
+  err = again.stderr.strip().splitlines()
+  assert len(err) == 1, again.stderr
+  assert "learning_rate" in err[0] and "seed: 0 -> 3" in err[0] and "--workdir" in err[0]
+  assert snapshot(workdir) == files
+
+
+def test_more_steps_continue_from_the_last_checkpoint(finished, tmp_path):
+  workdir, data_dir, files, _ = finished
+  longer = str(tmp_path / "longer")
+  subprocess.run(["cp", "-a", workdir, longer], check=True)
+  again = lra_run(longer, data_dir, steps=STEPS + 6)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"at step {STEPS}" in again.stdout
+  with open(os.path.join(longer, "results.json")) as f:
+    results = json.load(f)
+  assert results["steps"] == STEPS + 6
+  records = [json.loads(line) for line in open(os.path.join(longer, "metrics.jsonl"))]
+  steps = [r["step"] for r in records]
+  assert steps == sorted(steps)                       # never back in time
+  train = [r["step"] for r in records if r["split"] == "train"]
+  assert train == [3, 6, 9, 12, 15, 18]
+  assert sorted(int(n) for n in os.listdir(os.path.join(longer, "checkpoints"))
+                if n.isdigit())[-1] == STEPS + 6
+  # ... and the original is untouched.
+  assert snapshot(workdir) == files
