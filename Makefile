@@ -58,3 +58,13 @@ device-wheels: $(STAMP)
 device-rehearse: $(STAMP)
 	$(MAKE) device-wheels PYTHON_TAG=$$($(VENV)/bin/python -c 'import sys; print("%d%d" % sys.version_info[:2])')
 	$(VENV)/bin/python benchmarks/device_check.py all --out $${TMPDIR:-/tmp}/device-rehearsal --rehearse
+
+# Mutation testing of one module with the tests mapped to it in benchmarks/mutation.py
+# (cosmic-ray, in a private copy of the work tree; minutes per module, not part of CI):
+# `make mutation MODULE=attention/band.py`. Scores and equivalent survivors: docs/testing.md.
+.PHONY: mutation
+MODULE ?= attention/band.py
+mutation: $(STAMP)
+	@$(VENV)/bin/python -c 'import cosmic_ray' 2>/dev/null || \
+	  $(VENV)/bin/python -m pip install -q 'cosmic-ray>=8.7,<9'
+	nice -n 19 $(VENV)/bin/python benchmarks/mutation.py $(MODULE)
