@@ -395,7 +395,8 @@ def main(argv=None) -> int:
       print(f"no kind has both a test accuracy in {args.accuracy} (task "
             f"{args.accuracy_task}) and a measured speed.", file=sys.stderr)
       return 1
-    report.plot_accuracy(points, args.accuracy_plot)
+    report.plot_accuracy(points, args.accuracy_plot,
+                         report.describe_accuracy(args.accuracy, args.accuracy_task))
     for p in points:
       print(f"accuracy point: {p['kind']} n={p['length']} {p['accuracy']:.2f}% "
             f"{p['steps_per_s']:.4g} steps/s ({p['runs']} runs)")
