@@ -3,9 +3,17 @@
 `<workdir>/lock` holds JSON `{"host", "pid", "started"}`, created with O_EXCL by process 0 of a
 run. Another run on the same workdir stops with one line naming the holder. A lock whose holder
 is on this host and no longer alive (a run killed with SIGKILL, or a machine that rebooted) is
-taken over; a lock held from another host is taken over only when it is older than
-`stale_after` seconds (its heartbeat, rewritten at every checkpoint, stopped), since its process
-cannot be checked from here.
+taken over. The holder's process on another host cannot be checked from here, so the holder
+keeps a heartbeat: a thread touches the lock (its mtime) every `HEARTBEAT_S` seconds, and a lock
+from another host whose heartbeat stopped `STALE_AFTER` seconds ago (four missed beats: a job
+killed with SIGKILL, a node that died) is taken over.
+
+In a multi-process run only process 0 takes the lock, and the others must learn its outcome
+before any collective, or a refusal leaves them waiting in one until jax's shutdown barrier
+gives up minutes later. `WorkdirLock(..., agree=...)` does that: every process calls `acquire`,
+process 0 tries, and `agree(refused)` (lra/mesh.py `any_process`, an all-reduce over the
+processes) tells every process whether it was refused; the others then raise the same one-line
+WorkdirBusy, reading the holder from the lock file themselves.
 
 `process_alive` is the one liveness check of a process on this host, and `live_holder` says
 which live process on this host holds a workdir: `lra sweep` and `lra results` read locks
@@ -18,9 +26,12 @@ import errno
 import json
 import os
 import socket
+import threading
 import time
+from typing import Callable
 
-STALE_AFTER = 6 * 3600.0
+HEARTBEAT_S = 30.0
+STALE_AFTER = 4 * HEARTBEAT_S
 
 
 class WorkdirBusy(RuntimeError):
@@ -71,15 +82,31 @@ def live_holder(workdir: str) -> int | None:
   return pid if process_alive(pid) else None
 
 
-class WorkdirLock:
-  """`with WorkdirLock(workdir):` holds `<workdir>/lock` for the duration (no-op if disabled)."""
+def busy_message(path: str, holder: dict) -> str:
+  return (f"{os.path.dirname(path)} is in use by another run (pid {holder.get('pid')} on "
+          f"{holder.get('host')}, started {holder.get('started')}); wait for it to finish, stop "
+          f"it, or use another --workdir (delete {path} only if that run is gone).")
 
-  def __init__(self, workdir: str, *, enabled: bool = True, stale_after: float = STALE_AFTER):
+
+class WorkdirLock:
+  """`with WorkdirLock(workdir):` holds `<workdir>/lock` for the duration (no-op if disabled).
+
+  `enabled`: whether this process takes the lock (process 0 of a run on a local workdir).
+  `agree(refused) -> bool`: with several processes, whether any process was refused (called by
+  every process of the run, at the same point); None with one process.
+  """
+
+  def __init__(self, workdir: str, *, enabled: bool = True, stale_after: float = STALE_AFTER,
+               heartbeat_s: float = HEARTBEAT_S,
+               agree: Callable[[bool], bool] | None = None):
     self.path = os.path.join(workdir, "lock")
     self.enabled = enabled
     self.stale_after = stale_after
+    self.heartbeat_s = heartbeat_s
+    self.agree = agree
     self.record = {"host": socket.gethostname(), "pid": os.getpid(),
                    "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    self._beating: threading.Event | None = None
 
   def _holder(self) -> dict | None:
     return read_holder(os.path.dirname(self.path))   # {}: unreadable, treated as stale
@@ -89,14 +116,32 @@ class WorkdirLock:
       return True
     if holder.get("host") == self.record["host"]:
       return int(holder["pid"]) == os.getpid() or not process_alive(int(holder["pid"]))
-    try:
+    try:   # on another host: its heartbeat
       return time.time() - os.path.getmtime(self.path) > self.stale_after
     except OSError:
       return True
 
   def acquire(self) -> None:
-    if not self.enabled:
-      return
+    """Takes the lock (process 0), or raises WorkdirBusy in every process of the run."""
+    refusal = None
+    if self.enabled:
+      try:
+        self._take()
+      except WorkdirBusy as e:
+        refusal = e
+    if self.agree is not None and self.agree(refusal is not None) and refusal is None:
+      if self.enabled:
+        self.release()
+      holder = self._holder() or {}
+      raise WorkdirBusy(busy_message(self.path, holder) if holder else
+                        f"{os.path.dirname(self.path)} is in use by another run (process 0 of "
+                        f"this run was refused its lock).")
+    if refusal is not None:
+      raise refusal
+    if self.enabled:
+      self._start_heartbeat()
+
+  def _take(self) -> None:
     for _ in range(3):
       try:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -105,11 +150,7 @@ class WorkdirLock:
         if holder is None:
           continue          # released meanwhile: try again
         if not self._stale(holder):
-          raise WorkdirBusy(
-              f"{os.path.dirname(self.path)} is in use by another run (pid {holder['pid']} on "
-              f"{holder.get('host')}, started {holder.get('started')}); wait for it to finish, "
-              f"stop it, or use another --workdir (delete {self.path} only if that run is "
-              f"gone).") from None
+          raise WorkdirBusy(busy_message(self.path, holder)) from None
         os.remove(self.path)   # its holder is gone: take it over
         continue
       with os.fdopen(fd, "w") as f:
@@ -117,8 +158,17 @@ class WorkdirLock:
       return
     raise WorkdirBusy(f"could not take {self.path}: other runs keep creating it.")
 
+  def _start_heartbeat(self) -> None:
+    stop = self._beating = threading.Event()
+
+    def beat():
+      while not stop.wait(self.heartbeat_s):
+        self.heartbeat()
+
+    threading.Thread(target=beat, name="workdir-lock-heartbeat", daemon=True).start()
+
   def heartbeat(self) -> None:
-    """Marks the lock as live (its mtime), for holders on other hosts."""
+    """Marks the lock as live (its mtime), for runs on other hosts."""
     if self.enabled:
       try:
         os.utime(self.path)
@@ -127,6 +177,9 @@ class WorkdirLock:
           raise
 
   def release(self) -> None:
+    if self._beating is not None:
+      self._beating.set()
+      self._beating = None
     if not self.enabled:
       return
     holder = self._holder()

@@ -48,6 +48,17 @@ class Periodic:
     return self.every > 0 and step % self.every == 0
 
 
+def _backend(spec: dict) -> str:
+  """The attention backend of the default spec on this platform (the configured one when it
+  cannot be resolved here)."""
+  from attention import backends
+  implementation = str(spec.pop("implementation", backends.AUTO))
+  try:
+    return backends.choose(spec.pop("kind"), spec, implementation=implementation)
+  except (KeyError, ValueError):
+    return implementation
+
+
 def _restore_sums(saved: dict | None) -> dict | None:
   return None if saved is None else {k: np.float32(v) for k, v in saved.items()}
 
@@ -60,6 +71,7 @@ class Run:
                started: float):
     self.trainer, self.task, self.config, self.workdir = trainer, trainer.task, config, workdir
     self.hooks, self.stop, self.lock, self.started = hooks, stop, lock, started
+    self.vote = mesh_lib.StopVote(lambda: self.stop.requested)   # one stop step for all
     self.eval_batch = mesh_lib.batch_size_per_process(config.eval_batch_size, trainer.mesh)
     self.shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
     self.sources = {split: self.task.get_source(config.data, split) for split in SPLITS}
@@ -165,10 +177,9 @@ class Run:
 
   def stop_now(self, step: int) -> bool:
     """Whether to stop after `step` (the restored step before the first one is taken): whether
-    this process was asked to (Ctrl-C, SIGTERM). With several processes, this is where they
-    would agree on one step to stop at, so that all of them save the same step."""
-    del step
-    return self.stop.requested
+    a process was asked to (Ctrl-C, SIGTERM). With several processes all of them agree on the
+    step (lra/mesh.py `StopVote`: one step after the first request), so all save the same one."""
+    return self.vote.now() if step == self.start_step else self.vote.after_step()
 
   def take_step(self) -> None:
     batch = mesh_lib.global_batch(next(self.train_iter), self.trainer.mesh)
@@ -270,6 +281,11 @@ class Run:
         "param_count": trainer.param_count,
         "wall_seconds_this_run": round(time.time() - self.started, 1),
         "train_step_traces": trainer.traces,
+        "process_count": jax.process_count(),
+        "device_count": jax.device_count(),
+        "mesh": {k: int(v) for k, v in trainer.mesh.shape.items()},
+        "platform": jax.default_backend(),
+        "attention_backend": _backend(self.config.model.attention.to_dict()),
     }
     if chance_counts is not None and chance_counts.sum():
       results[chance[0]] = float(chance_counts.max() / chance_counts.sum())

@@ -14,6 +14,13 @@ nothing.
 The handlers are installed for the `with` block only, and only from the main thread (the only
 one Python delivers signals to); elsewhere the block runs with the handlers it had. Pure
 standard library: the command line imports it before jax.
+
+`hold_early()` makes a SIGTERM that arrives before the run's StopRequest (while a process of a
+multi-process job starts up: jax.distributed, the preflight's compilation) a pending request
+instead of the end of the process: the next StopRequest entered takes it as its first signal.
+lra/mesh.py calls it around `jax.distributed.initialize`, whose preemption notifier would
+otherwise swallow the SIGTERM, so that a job signalled during start-up stops with all its
+processes instead of leaving the others waiting in a collective.
 """
 
 from __future__ import annotations
@@ -28,6 +35,20 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def signal_label(signum: int) -> str:
   """`Ctrl-C` for SIGINT, the signal's name (`SIGTERM`) otherwise."""
   return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+_held: list[int] = []
+
+
+def _hold(signum: int, frame=None) -> None:
+  del frame
+  _held.append(signum)
+
+
+def hold_early() -> None:
+  """From now until a StopRequest is entered, SIGTERM is held for it (main thread only)."""
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _hold)
 
 
 def _raise_interrupt(signum: int) -> None:
@@ -74,6 +95,9 @@ class StopRequest:
     if threading.current_thread() is threading.main_thread():
       for sig in SIGNALS:
         self._previous[sig] = signal.signal(sig, self.handle)
+      if _held:   # a SIGTERM held since start-up (hold_early): the first request
+        self.handle(_held[0])
+        _held.clear()
     return self
 
   def __exit__(self, *exc) -> bool:

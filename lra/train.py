@@ -334,9 +334,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   workdir = storage.resolve(workdir)
   storage.makedirs(workdir)
   # The lock file needs a local disk (O_EXCL); a bucket workdir is not locked.
+  # Process 0 takes it and every process learns the outcome before any collective.
   lock_here = jax.process_index() == 0 and not storage.is_remote(workdir)
+  agree = mesh_lib.any_process if jax.process_count() > 1 else None
   with (signals.StopRequest(_stop_message) as stop,
-        lock_lib.WorkdirLock(workdir, enabled=lock_here) as lock):
+        lock_lib.WorkdirLock(workdir, enabled=lock_here, agree=agree) as lock):
     started = time.time()
     trainer = Trainer(config, plan)
     _save_config(config, workdir)
