@@ -1,10 +1,15 @@
 """`lra data status` and `lra data prepare TASK`: which datasets are ready, and building one.
 
-  lra data status [--size base|small] [--manual_dir DIR]
-  lra data prepare TASK [--size base|small] [--manual_dir DIR] [--no_download] [--config.data.x=y]
+  lra data status [--size SIZE] [--manual_dir DIR]
+  lra data prepare TASK [--size SIZE] [--manual_dir DIR] [--no_download] [--config.data.x=y]
 
-`status` prints one line per task: `ready` with the dataset folder, or `missing` with the file to
-get, its address and the directory to put it in (or how the dataset will be generated).
+A task's sizes (`configs.sizes`) may differ in their data settings (ListOps `cpu` generates
+shorter examples than `base`), so each size may have its own dataset. `status --size S` prints
+one line per task for size S: `ready` with the dataset folder, or `missing` with the file to get,
+its address and the directory to put it in (or how the dataset will be generated); a task without
+size S says which sizes it has. Without `--size`, each task's line names the sizes it is for:
+every size whose data is ready (sizes sharing one dataset on one line), or, when none is, the
+task's first size (base) with what it needs.
 `prepare` builds one task's dataset from the archives in the manual directory (default
 `$LRA_DATA/manual`, `$LRA_DATA` defaulting to `~/lra_data`), downloading them first when they are
 absent and the machine is online (unless `--no_download`). The data settings are those of the
@@ -30,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   prepare.add_argument("--no_download", dest="download", action="store_false",
                        help="never download; fail with the file to get instead")
   for p in (status, prepare):
-    p.add_argument("--size", default="base", help="the config size whose data settings to use")
+    p.add_argument("--size", default=None,
+                   help="the config size whose data settings to use (prepare: default base; "
+                        "status: default every size whose data is ready)")
     p.add_argument("--manual_dir", default=None,
                    help="directory holding the original archives (default $LRA_DATA/manual)")
 
@@ -45,21 +52,45 @@ def data_config(task: str, size: str, manual_dir: str | None,
   return config.data
 
 
-def status_lines(size: str = "base", manual_dir: str | None = None) -> list[str]:
-  """One line per task: `<task> ready <folder>` or `<task> missing <what to do>`."""
-  lines = []
-  width = max(len(t) for t in tasks.TASKS)
-  for name in sorted(tasks.TASKS):
-    try:
-      task = tasks.get_task(name)
-      st = task.status(data_config(name, size, manual_dir))
-      state, detail = ("ready" if st.ready else "missing"), st.detail
-    except (ImportError, AttributeError) as e:
-      state, detail = "n/a", f"this task is not available in this checkout ({e})."
-    except ValueError as e:
-      state, detail = "error", str(e)
-    lines.append(f"{name:<{width}}  {state:<7}  {detail}")
-  return lines
+def _status(name: str, size: str, manual_dir: str | None) -> tuple[str, str]:
+  """(state, detail) of task `name`'s dataset for `size`."""
+  try:
+    st = tasks.get_task(name).status(data_config(name, size, manual_dir))
+    return ("ready" if st.ready else "missing"), st.detail
+  except (ImportError, AttributeError) as e:
+    return "n/a", f"this task is not available in this checkout ({e})."
+  except ValueError as e:
+    return "error", str(e)
+
+
+def task_status(name: str, size: str | None = None,
+                manual_dir: str | None = None) -> list[tuple[str, str, str]]:
+  """[(sizes, state, detail)] of task `name`: for `size` alone when given; else one entry per
+  ready dataset (the sizes sharing it joined by commas), or the first size's when none is."""
+  sizes = configs.sizes(name)
+  if size is not None:
+    if size not in sizes:
+      return [(size, "n/a", f"{name} has no size {size!r}; its sizes: {', '.join(sizes)}.")]
+    return [(size, *_status(name, size, manual_dir))]
+  ready: dict[str, list[str]] = {}
+  for s in sizes:
+    state, detail = _status(name, s, manual_dir)
+    if state == "ready":
+      ready.setdefault(detail, []).append(s)
+  if ready:
+    return [(", ".join(names), "ready", detail) for detail, names in ready.items()]
+  return [(sizes[0], *_status(name, sizes[0], manual_dir))]
+
+
+def status_lines(size: str | None = None, manual_dir: str | None = None) -> list[str]:
+  """One line per task (and per ready dataset without `size`):
+  `<task>  ready    <sizes>  <folder>` or `<task>  missing  <size>  <what to do>`."""
+  rows = [(name, *entry) for name in sorted(tasks.TASKS)
+          for entry in task_status(name, size, manual_dir)]
+  width = max(len(r[0]) for r in rows)
+  size_width = max(len(r[1]) for r in rows)
+  return [f"{name:<{width}}  {state:<7}  {sizes:<{size_width}}  {detail}"
+          for name, sizes, state, detail in rows]
 
 
 def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
@@ -69,11 +100,13 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
       print("error: --config.* overrides apply to `lra data prepare` only.", file=sys.stderr)
       return 2
     print(f"data root: {archives.data_root()} (set ${archives.DATA_ROOT_ENV} to move it)")
+    print(f"sizes: {args.size}" if args.size else
+          "sizes: those with data ready (else the first); --size SIZE shows one size")
     print("\n".join(status_lines(args.size, args.manual_dir)))
     return 0
   try:
     task = tasks.get_task(args.task)
-    data = data_config(args.task, args.size, args.manual_dir, overrides)
+    data = data_config(args.task, args.size or "base", args.manual_dir, overrides)
     if not args.download and "download" in data:
       data.download = False
     folder = task.prepare(data)

@@ -1,4 +1,5 @@
-"""Tests for lra/progress.py: the tqdm bar the trainer drives, from a resumed step to the end."""
+"""Tests for lra/progress.py: the tqdm bar the trainer drives on a terminal, from a resumed step
+to the end, and the plain lines it writes into a pipe or a file."""
 
 import io
 
@@ -7,7 +8,7 @@ from lra import progress
 
 def test_bar_counts_from_the_resumed_step_and_ends_with_a_line():
   stream = io.StringIO()
-  bar = progress.Progress(100, 40, stream=stream, interval=0.0)
+  bar = progress.Progress(100, 40, stream=stream, interval=0.0, lines=False)
   bar.update(41)
   for step in range(42, 101):
     bar.update(step, 1.0 / step)
@@ -22,10 +23,48 @@ def test_bar_counts_from_the_resumed_step_and_ends_with_a_line():
 
 def test_updates_within_the_interval_are_not_drawn_unless_forced():
   stream = io.StringIO()
-  bar = progress.Progress(10, stream=stream, interval=60.0)
+  bar = progress.Progress(10, stream=stream, interval=60.0, lines=False)
   drawn = stream.getvalue()
   bar.update(3, 2.5)
   assert stream.getvalue() == drawn
   bar.update(4, 2.0, force=True)
   assert "4/10" in stream.getvalue() and "loss 2.0000" in stream.getvalue()
   bar.close()
+
+
+class Piped(io.StringIO):
+  def isatty(self):
+    return False
+
+
+class Terminal(io.StringIO):
+  def isatty(self):
+    return True
+
+
+def test_into_a_pipe_it_writes_plain_lines_at_most_every_line_interval(monkeypatch):
+  clock = [100.0]
+  monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+  stream = Piped()
+  bar = progress.Progress(1000, 100, stream=stream, line_interval=60.0)
+  assert stream.getvalue() == ""               # nothing until there is progress to report
+  for step in range(101, 1001):
+    clock[0] += 0.25                           # 4 steps/s: a line every 240 steps
+    bar.update(step, 2.0)
+  bar.close()
+  bar.close()
+  lines = stream.getvalue().splitlines()
+  assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
+  assert lines[0] == "train: step 340/1000 (34%), loss 2.0000, 4.00 steps/s, ETA 2m 45s"
+  assert [l.split(",")[0] for l in lines] == [
+      "train: step 340/1000 (34%)", "train: step 580/1000 (58%)",
+      "train: step 820/1000 (82%)", "train: step 1000/1000 (100%)"]
+  assert lines[-1].endswith("took 3m 45s")
+
+
+def test_a_terminal_gets_the_bar_and_a_forced_update_a_line_in_a_pipe():
+  assert progress.Progress(10, stream=Terminal()).bar is not None
+  stream = Piped()
+  bar = progress.Progress(10, stream=stream, line_interval=3600.0)
+  bar.update(2, 1.5, force=True)
+  assert stream.getvalue().startswith("train: step 2/10 (20%), loss 1.5000")

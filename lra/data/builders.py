@@ -50,6 +50,7 @@ from etils import epath
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core.utils import tqdm_utils
 
 from lra.data import archives
 
@@ -73,6 +74,29 @@ class _QuietConfigNotes(logging.Filter):
 
 
 logging.getLogger("absl").addFilter(_QuietConfigNotes())
+
+_WARNED: set[str] = set()
+
+
+def warn_once(log: logging.Logger, message: str, *args) -> None:
+  """`log.warning(message, *args)` the first time this text is logged in the process: a data
+  note that holds for every split (a truncation, say) is printed once, not once per split."""
+  text = message % args if args else message
+  if text not in _WARNED:
+    _WARNED.add(text)
+    log.warning("%s", text)
+
+
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+  """tfds' progress bars only on a terminal: piped into a log, their redraws arrive as
+  carriage returns and `ESC[A` cursor moves around every line."""
+  was = tqdm_utils._active   # pylint: disable=protected-access
+  tfds.display_progress_bar(sys.stderr.isatty())
+  try:
+    yield
+  finally:
+    tfds.display_progress_bar(was)
 
 
 def check_split(task: str, split: str) -> None:
@@ -106,6 +130,15 @@ class Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def code_path(cls) -> epath.Path:
     # tfds' default lookup goes through importlib_resources, which is not a dependency here.
     return epath.Path(sys.modules[cls.__module__].__file__)
+
+  # tfds prints "Downloading and preparing dataset Unknown size ..." before building and
+  # "Dataset ... downloaded and prepared" after, also for generated data; `prepare` prints its
+  # own two lines (what is built where, and how long it took) instead.
+  def _log_download_bytes(self) -> None:
+    pass
+
+  def _log_download_done(self) -> None:
+    pass
 
   def _download_and_prepare(self, dl_manager, download_config=None):
     """Builds as tfds does, then records the archives it read (verified) in SOURCES_FILE; tfds
@@ -179,10 +212,11 @@ def prepare(builder: tfds.core.DatasetBuilder, label: str,
     print(f"{label}: preparing {builder.builder_config.name} in {builder.data_dir} ...",
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    builder.download_and_prepare(
-        file_format="array_record",
-        download_config=tfds.download.DownloadConfig(
-            manual_dir=manual_dir, compute_stats=tfds.download.ComputeStatsMode.SKIP))
+    with quiet_progress():
+      builder.download_and_prepare(
+          file_format="array_record",
+          download_config=tfds.download.DownloadConfig(
+              manual_dir=manual_dir, compute_stats=tfds.download.ComputeStatsMode.SKIP))
   print(f"{label}: prepared in {time.perf_counter() - t0:.0f} s.", file=sys.stderr, flush=True)
   return builder
 

@@ -183,8 +183,9 @@ def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> builders.Padd
   builder = DATA.build(data_cfg)
   if (builder.builder_config.name != RELEASED
       and data_cfg.gen_max_length - 1 > data_cfg.max_length):
-    log.warning("ListOps: generated examples have up to %d tokens but max_length is %d; longer "
-                "ones are truncated.", data_cfg.gen_max_length - 1, data_cfg.max_length)
+    builders.warn_once(log, "ListOps: generated examples have up to %d tokens but max_length is "
+                       "%d; longer ones are truncated.", data_cfg.gen_max_length - 1,
+                       data_cfg.max_length)
   return builders.PaddedSource(builder.as_data_source(split=split),
                                {"inputs": data_cfg.max_length})
 
