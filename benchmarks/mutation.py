@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import sqlite3
@@ -136,11 +137,45 @@ def _run(cmd: list[str], cwd: Path, log) -> None:
   subprocess.run(cmd, cwd=cwd, check=True, stdout=log, stderr=subprocess.STDOUT)
 
 
+def skip_number_decrements(session: Path) -> int:
+  """Marks the pending n - 1 mutants of every number (cosmic-ray's odd NumberReplacer
+  occurrences; the even ones are n + 1) as skipped, so each literal is mutated once."""
+  with sqlite3.connect(session) as db:
+    jobs = [j for (j,) in db.execute(
+        "SELECT m.job_id FROM mutation_specs m LEFT JOIN work_results r ON m.job_id = r.job_id "
+        "WHERE r.job_id IS NULL AND m.operator_name = 'core/NumberReplacer' "
+        "AND m.occurrence % 2 = 1")]
+    db.executemany("INSERT INTO work_results (job_id, worker_outcome) VALUES (?, 'SKIPPED')",
+                   [(j,) for j in jobs])
+  return len(jobs)
+
+
+SAMPLED_OUT = "sampled out"
+
+
+def sample_pending(session: Path, keep: int) -> int:
+  """Leaves `keep` pending mutants (a seeded draw over all of them) and marks the others as not
+  run; with `keep` 0, first returns every mutant left out by an earlier sample to pending."""
+  with sqlite3.connect(session) as db:
+    db.execute("DELETE FROM work_results WHERE output = ?", (SAMPLED_OUT,))
+    if not keep:
+      return 0
+    pending = sorted(j for (j,) in db.execute(
+        "SELECT w.job_id FROM work_items w LEFT JOIN work_results r ON w.job_id = r.job_id "
+        "WHERE r.job_id IS NULL"))
+    out = [] if keep >= len(pending) else sorted(
+        set(pending) - set(random.Random(0).sample(pending, keep)))
+    db.executemany("INSERT INTO work_results (job_id, worker_outcome, output) "
+                   "VALUES (?, 'NO_TEST', ?)", [(j, SAMPLED_OUT) for j in out])
+  return len(out)
+
+
 def summarize(session: Path, module: str, python: str) -> dict:
   """Counts and survivors of a finished (or partial) session, from `cosmic-ray dump`."""
   dump = subprocess.run([python, "-m", "cosmic_ray.cli", "dump", str(session)], check=True,
                         text=True, capture_output=True).stdout
-  counts = {"killed": 0, "survived": 0, "timeout": 0, "incompetent": 0, "pending": 0}
+  counts = {"killed": 0, "survived": 0, "timeout": 0, "incompetent": 0, "pending": 0,
+            "not run": 0}
   survivors = []
   for line in filter(None, dump.splitlines()):
     item, result = json.loads(line)
@@ -149,6 +184,9 @@ def summarize(session: Path, module: str, python: str) -> dict:
       continue
     outcome = result.get("test_outcome")
     if result.get("worker_outcome") == "skipped":     # an operator filtered out
+      continue
+    if result.get("output") == SAMPLED_OUT:
+      counts["not run"] += 1
       continue
     if result.get("worker_outcome") == "timeout":
       counts["timeout"] += 1
@@ -174,7 +212,7 @@ def print_summary(summary: dict) -> None:
   c = summary["counts"]
   print(f"{summary['module']}: score {summary['score']:.1%} ({c['killed']} killed, "
         f"{c['timeout']} timeouts, {c['survived']} survived, {c['incompetent']} incompetent, "
-        f"{c['pending']} pending)")
+        f"{c['pending']} pending, {c['not run']} not run)")
   for s in summary["survivors"]:
     print(f"  survived line {s['line']} {s['operator']} #{s['occurrence']}: "
           f"{' | '.join(s['diff'].splitlines())}")
@@ -190,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--report", action="store_true", help="only summarize the last run")
   parser.add_argument("--resume", action="store_true",
                       help="continue the pending mutants of the last run (same copy)")
+  parser.add_argument("--numbers", choices=("both", "one"), default="both",
+                      help="NumberReplacer mutants per literal: both (n + 1 and n - 1) or one "
+                           "(n + 1 only: half the count, for the larger modules)")
+  parser.add_argument("--sample", type=int, default=0,
+                      help="run at most this many of the pending mutants, drawn evenly with a "
+                           "fixed seed over the whole module (0: all); the rest are reported as "
+                           "not run and a later run without --sample runs them")
   parser.add_argument("--survivors", action="store_true",
                       help="rerun only the last run's survivors, with a fresh copy of the work "
                            "tree and test list (after adding tests)")
@@ -237,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         _run([python, "-m", "cosmic_ray.tools.filters.operators_filter", str(session),
               str(config)], copy, log)
         _run([python, "-m", "cosmic_ray.cli", "baseline", str(config)], copy, log)
+      if args.numbers == "one":
+        log.write(f"skipped {skip_number_decrements(session)} n - 1 mutants\n")
+      log.write(f"sampled out {sample_pending(session, args.sample)} mutants\n")
       _run([python, "-m", "cosmic_ray.cli", "exec", str(config), str(session)], copy, log)
     print(f"ran in {time.time() - started:.0f} s; log {base / 'log.txt'}")
   summary = summarize(session, module, python)

@@ -1,0 +1,96 @@
+"""Tests written to kill the surviving mutants of models/memory.py (benchmarks/mutation.py,
+docs/testing.md): the empty state, the convolution's starting point (mean pooling plus small
+uniform noise of bound 0.1 sqrt(3 / (c E)), fan-in c E), the one-line refusals, and the layer
+count of a reordered stack."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import models
+from models import memory as memory_lib
+
+jax.config.update("jax_disable_most_optimizations", True)
+V = 11
+
+
+def test_empty_state_shapes_and_every_slot_invalid():
+  s = memory_lib.init_state(3, 2, 5, 4)
+  assert set(s) == {"memory", "valid"}
+  assert s["memory"].shape == (3, 2, 4, 5) and s["memory"].dtype == jnp.float32
+  assert s["valid"].shape == (2, 4) and s["valid"].dtype == jnp.bool_
+  assert not np.asarray(s["valid"]).any() and not np.asarray(s["memory"]).any()
+  s = memory_lib.init_state(3, 2, 5, 4, compressed_length=6)
+  assert s["compressed"].shape == (3, 2, 6, 5) and s["cvalid"].shape == (2, 6)
+  assert not np.asarray(s["cvalid"]).any() and not np.asarray(s["compressed"]).any()
+
+
+@pytest.mark.parametrize("rate,emb", [(2, 48), (3, 20)])
+def test_conv_compression_starts_as_mean_pooling_plus_small_uniform_noise(rate, emb):
+  comp = memory_lib.Compression("conv", rate, emb, rngs=nnx.Rngs(3))
+  noise = (np.asarray(comp.kernel[...]) - np.eye(emb)[None] / rate) / 0.1
+  bound = np.sqrt(3.0 / (rate * emb))
+  assert noise.shape == (rate, emb, emb)
+  assert np.abs(noise).max() <= bound * (1 + 1e-5)
+  assert np.abs(noise).max() > 0.98 * bound                 # thousands of draws reach the edge
+  assert abs(noise.mean()) < 0.05 * bound
+  np.testing.assert_array_equal(np.asarray(comp.bias[...]), np.zeros(emb))
+
+
+def test_unknown_compression_is_refused():
+  with pytest.raises(ValueError, match="compression 'sum' is not one of mean, max, conv"):
+    memory_lib.Compression("sum", 2, 4, rngs=nnx.Rngs(0))
+
+
+def test_check_refuses_a_rate_that_does_not_divide_the_segment():
+  memory_lib.check({"compressed_length": 0, "compression_rate": 3}, 8)   # no compression: fine
+  memory_lib.check({"compressed_length": 4, "compression_rate": 2}, 8)
+  memory_lib.check({"compressed_length": 4}, 7)                         # rate 1 by default
+  with pytest.raises(ValueError, match="compression_rate 3 must divide the segment length 8"):
+    memory_lib.check({"compressed_length": 4, "compression_rate": 3}, 8)
+
+
+def _cfg(layers=2, **extra):
+  cfg = dict(vocab_size=V, max_length=32, emb_dim=8, num_heads=2, qkv_dim=8, mlp_dim=8,
+             num_layers=layers, dropout=0.0, pos_emb="relative",
+             attention={"kind": "dot_product"}, layer_attention=())
+  cfg.update(extra)
+  return cfg
+
+
+def test_memory_layers_count_the_attention_sublayers():
+  assert memory_lib.memory_layers(_cfg(layers=3)) == 3
+  assert memory_lib.memory_layers(_cfg(layers=2, sublayers="ssfsff")) == 3
+
+
+def test_a_memory_of_the_wrong_depth_is_refused():
+  model = models.LanguageModel(_cfg(layers=2, memory_length=3), rngs=nnx.Rngs(0))
+  state = memory_lib.init_state(1, 1, 8, 3)
+  with pytest.raises(ValueError, match="the memory has 1 layers but the model has 2 attention"):
+    model(jnp.ones((1, 4), jnp.int32), memory=state)
+
+
+def test_reconstruction_loss_by_the_equation_with_length_unlike_head_dim():
+  """Rae et al. (2020) eq. 2 with the layer's content attention, transcribed in NumPy:
+  q = h Wq, attention softmax(q k^T / sqrt(D)) v over `old` and over `compressed`, the mean
+  squared difference. Lengths (5 queries, 6 old, 3 compressed) differ from D = 4."""
+  model = models.LanguageModel(_cfg(layers=1, memory_length=6, compressed_length=3,
+                                    compression="mean", compression_rate=2), rngs=nnx.Rngs(1))
+  mha = model.encoder.blocks[0].attention
+  rng = np.random.default_rng(4)
+  h, old, comp = (rng.normal(size=(2, n, 8)).astype(np.float32) for n in (5, 6, 3))
+  got = float(memory_lib.reconstruction_loss(mha, h, old, comp))
+  wq, wk, wv = (np.asarray(getattr(mha, n)[...], np.float64) for n in ("query", "key", "value"))
+  assert wq.shape == (8, 2, 4)
+
+  def attend(x):
+    q = np.einsum("ble,ehd->blhd", h, wq)
+    k, v = np.einsum("ble,ehd->blhd", x, wk), np.einsum("ble,ehd->blhd", x, wv)
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(4)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v)
+
+  want = np.mean((attend(old) - attend(comp)) ** 2)
+  np.testing.assert_allclose(got, want, rtol=1e-4)
