@@ -9,8 +9,8 @@
             [--dry_run] -- run TASK [run flags]
   lra results DIR [--format markdown|csv|json] [--sort COLUMN] [--lra]
   lra list
-  lra data status [--size base|small] [--manual_dir DIR]
-  lra data prepare TASK [--size base|small] [--manual_dir DIR] [--no_download]
+  lra data status [--size SIZE] [--manual_dir DIR]
+  lra data prepare TASK [--size SIZE] [--manual_dir DIR] [--no_download]
 
 `run` trains and evaluates a task (see launch/train.py); `sweep` runs the points of a config
 file's sweep, each in its own folder, here or through a launcher (launch/sweep.py); `launch tpu`

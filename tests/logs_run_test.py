@@ -143,3 +143,18 @@ def test_a_resumed_phase_has_the_run_log_rebuilt_once_per_step(tmp_path):
   assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
   assert records[4]["time"] == 2003.0, "phase 2's step 3 as written again, not as first written"
   assert [s for s, _ in _scalars(workdir, "train/loss")] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow   # trains 2 steps in a subprocess
+def test_a_piped_run_has_one_truncation_note_and_no_redraws(prepared, tmp_path):
+  env, _ = prepared
+  # max_length 64 under examples of up to 128 tokens: the note holds for every split.
+  done = _lra("run", "listops", "--size", "small", "--workdir", str(tmp_path / "run"),
+              "--config.num_train_steps=2", "--config.data.max_length=64",
+              "--config.log_every=1", "--config.eval_every=2", env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  out = done.stdout + done.stderr
+  assert out.count("longer ones are truncated") == 1, out
+  for noise in ("\r", "\x1b[", "Downloading and preparing", "downloaded"):
+    assert noise not in out, f"{noise!r} in the piped output:\n{out[-3000:]}"
+  assert "train: step 2/2 (100%)" in done.stderr
