@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention import pallas_band_kernel as kernel
-from attention import validation
+from attention import compat, validation
 from attention.dot_product import dot_product_attention
 
 # Smallest matmul side (and block) Triton takes; every block shape is a power of two.
@@ -214,7 +214,7 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
     interpret = jax.default_backend() != "gpu"
   num_global = 0
   if global_mask is not None:
-    traced = isinstance(global_mask, jax.core.Tracer)
+    traced = compat.is_tracer(global_mask)
     counts = None if traced else np.asarray(global_mask).sum(axis=1)
     if max_global is not None:
       if isinstance(max_global, bool) or not isinstance(max_global, (int, np.integer)) \

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from attention import compat
+
 DEFAULT_BASE = 10000.0
 # Explicit positions are split as p = _SPLIT * a + b (a, b < _SPLIT): exact below _SPLIT ** 2.
 _SPLIT = 1024
@@ -51,7 +53,7 @@ def rotary_tables(length: int, dim: int, base: float = DEFAULT_BASE,
 
 def _integer_positions(positions: ArrayLike) -> jax.Array:
   """`positions` as int32; concrete ones are checked to be integers in [0, MAX_POSITION]."""
-  if isinstance(positions, jax.core.Tracer):
+  if compat.is_tracer(positions):
     if not jnp.issubdtype(positions.dtype, jnp.integer):
       raise ValueError(f"rotary positions must be integers, got dtype {positions.dtype}; pass "
                        f"them as int32.")

@@ -43,7 +43,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_mask_info as _splash_info)
 
-from attention import masks, splash_masks, validation
+from attention import compat, masks, splash_masks, validation
 from attention.dot_product import masked_softmax_stats
 from attention.splash_masks import Pattern
 
@@ -230,7 +230,7 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
       raise ValueError(
           "the splash backend cannot run causal band attention with global tokens exactly (a "
           "global key is seen only from later positions); use implementation='xla' for it.")
-    traced = isinstance(global_mask, jax.core.Tracer)
+    traced = compat.is_tracer(global_mask)
     counts = None if traced else np.asarray(global_mask).sum(axis=1)
     if max_global is not None:
       num_global = _positive_int("max_global", max_global) if max_global else 0
