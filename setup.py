@@ -1,7 +1,10 @@
 """Installable package for the long-range transformer codebase.
 
 The core dependencies are pinned exactly: results in this codebase are only comparable across
-machines when the numerical stack is the same. Benchmark-only peers (PyTorch, Hugging Face
+machines when the numerical stack is the same. The code also runs on jax and jaxlib 0.11.x (the
+supported range is jax >= 0.10.2, < 0.12, `attention.compat.SUPPORTED`; every difference between
+the two lives in `attention/compat.py`), which is what our GPU machines have installed and cannot
+replace; `benchmarks/device_check.py env` records the flax, optax and orbax versions found there. Benchmark-only peers (PyTorch, Hugging Face
 transformers) live in the `bench` extra and are never needed to use or test the library.
 """
 
