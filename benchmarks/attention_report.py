@@ -151,56 +151,79 @@ def _check(label, got, want, ok) -> str:
 # Plot
 
 
-def plot(header: dict, records: list, impls_order: list, out_dir: str) -> list:
-  """One PNG per group: time vs n (with the first impl's FLOP floor) and +RSS vs n."""
+def _pyplot():
   try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
+    return None
+  return plt
+
+
+def figure(header: dict, records: list, group: str, names: list):
+  """The figure of one group: median time vs n (with the first impl's FLOP floor) and +RSS vs
+  n, log-log, solid forward and dashed forward+backward; one legend for both panels, right of
+  them (off the data); titles name the shape, the machine and the date."""
+  plt = _pyplot()
+  fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 5))
+  styles = {"fwd": "-", "fwdbwd": "--"}
+  for i, name in enumerate(names):
+    color = f"C{i}"
+    for mode in MODES:
+      pts = sorted(((r["n"], r) for r in records if r["impl"] == name and r["mode"] == mode
+                    and r.get("status") == "ok"), key=lambda p: p[0])
+      if not pts:
+        continue
+      ns = [n for n, _ in pts]
+      ax_t.plot(ns, [r["median_s"] * 1e3 for _, r in pts], styles[mode], color=color,
+                marker="o", label=f"{name} {mode}")
+      mem = [(n, r.get("rss_increase_mb")) for n, r in pts if r.get("rss_increase_mb")]
+      if mem:
+        ax_m.plot([n for n, _ in mem], [m for _, m in mem], styles[mode], color=color,
+                  marker="o")
+      if i == 0:
+        floor = [(n, r["floor_s"]) for n, r in pts if r.get("floor_s")]
+        ax_t.plot([n for n, _ in floor], [f * 1e3 for _, f in floor], styles[mode],
+                  color="black", linewidth=1, label=f"FLOP floor of {name} {mode}")
+  rate = header.get("matmul", {}).get("flops_per_s") or 0
+  ok = [r for r in records if r["group"] == group and r.get("status") == "ok"]
+  shape = ok[0] if ok else {}
+  sizes = ", ".join(text.format(shape[k]) for k, text in (
+      ("batch", "batch {}"), ("heads", "{} heads"), ("head_dim", "head dim {}")) if k in shape)
+  ax_t.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel="median time (ms)",
+           title=f"{group}: time per call ({sizes})" if sizes else f"{group}: time per call")
+  ax_m.set(xscale="log", yscale="log", xlabel="sequence length n",
+           ylabel="peak RSS increase over baseline (MB)",
+           title=f"{group}: peak memory above the process baseline")
+  lengths = sorted({r["n"] for r in records if r["group"] == group})
+  for ax in (ax_t, ax_m):
+    ax.set_xticks(lengths, [str(n) for n in lengths], minor=False)
+    ax.set_xticks([], minor=True)
+    ax.grid(True, which="both", alpha=0.3)
+  fig.legend(*ax_t.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.0, 0.93),
+             fontsize=8, title="solid: forward; dashed: fwd+bwd", title_fontsize=8)
+  machine = header.get("machine", {})
+  fig.suptitle(f"{machine.get('cpu', '')}, {header.get('date', '')}; FLOP floor at the measured "
+               f"float32 matmul rate, {rate / 1e9:.0f} GFLOP/s", fontsize=9)
+  fig.tight_layout()
+  return fig
+
+
+def plot(header: dict, records: list, impls_order: list, out_dir: str) -> list:
+  """One PNG per group (`figure`), named `<group>_attention.png` in `out_dir`."""
+  plt = _pyplot()
+  if plt is None:
     print("matplotlib is not installed: skipping the plot (it comes with the `bench` extra).",
           file=sys.stderr)
     return []
   groups = analyse(header, records, impls_order)
   paths = []
   for group, names in groups.items():
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 5))
-    styles = {"fwd": "-", "fwdbwd": "--"}
-    for i, name in enumerate(names):
-      color = f"C{i}"
-      for mode in MODES:
-        pts = sorted((r["n"], r) for r in records if r["impl"] == name and r["mode"] == mode
-                     and r.get("status") == "ok")
-        if not pts:
-          continue
-        ns = [n for n, _ in pts]
-        ax_t.plot(ns, [r["median_s"] * 1e3 for _, r in pts], styles[mode], color=color,
-                  marker="o", label=f"{name} {mode}")
-        mem = [(n, r.get("rss_increase_mb")) for n, r in pts if r.get("rss_increase_mb")]
-        if mem:
-          ax_m.plot([n for n, _ in mem], [m for _, m in mem], styles[mode], color=color,
-                    marker="o", label=f"{name} {mode}")
-        if i == 0:
-          floor = [(n, r["floor_s"]) for n, r in pts if r.get("floor_s")]
-          ax_t.plot([n for n, _ in floor], [f * 1e3 for _, f in floor], styles[mode],
-                    color="black", linewidth=1, label=f"FLOP floor of {name} {mode}")
-    rate = header.get("matmul", {}).get("flops_per_s") or 0
-    ax_t.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel="median time (ms)",
-             title=f"{group}: time (floor at {rate / 1e9:.0f} GFLOP/s)")
-    ax_m.set(xscale="log", yscale="log", xlabel="sequence length n",
-             ylabel="peak RSS increase over baseline (MB)", title=f"{group}: peak memory")
-    lengths = sorted({r["n"] for r in records if r["group"] == group})
-    for ax in (ax_t, ax_m):
-      ax.set_xticks(lengths, [str(n) for n in lengths], minor=False)
-      ax.set_xticks([], minor=True)
-      ax.grid(True, which="both", alpha=0.3)
-      ax.legend(fontsize=7)
-    fig.suptitle(f"{header.get('machine', {}).get('cpu', '')}, {header.get('date', '')}",
-                 fontsize=9)
-    fig.tight_layout()
+    fig = figure(header, records, group, names)
     path = os.path.join(out_dir, f"{group}_attention.png")
     os.makedirs(out_dir, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")   # the legend right of the panels included
     plt.close(fig)
     paths.append(path)
   return paths

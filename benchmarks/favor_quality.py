@@ -97,33 +97,55 @@ def table(results: dict, seeds: int) -> str:
   return "\n".join(lines)
 
 
-def plot(results: dict, path: str) -> None:
+def figure(results: dict, length: int | None = None, heads: int | None = None,
+           seeds: int | None = None):
+  """Mean relative error against the number of features, log-log, one colour per regime s,
+  orthogonal solid and iid dashed, each point with its standard deviation over the feature
+  draws as an error bar; the legend right of the axes (off the data); the title names the
+  length, heads and draws. None when matplotlib is not installed."""
   try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
-    print("matplotlib is not installed: no plot (pip install -e '.[bench]').", file=sys.stderr)
-    return
+    return None
   fig, ax = plt.subplots(figsize=(9, 4.8))
   colors = plt.cm.viridis(np.linspace(0, 0.9, len(SQ_NORMS)))
   for color, sq_norm in zip(colors, SQ_NORMS):
-    for kind, style in (("orthogonal", "-o"), ("iid", "--x")):
+    for kind, style, shift in (("orthogonal", "-", 0.97), ("iid", "--", 1.03)):
       means = [results[sq_norm, kind, m][0] for m in FEATURES]
+      stds = [results[sq_norm, kind, m][1] for m in FEATURES]
       label = (f"s={sq_norm:g} (logit std {results[sq_norm, 'logit_std']:.2f})"
                if kind == "orthogonal" else None)
-      ax.plot(FEATURES, means, style, color=color, label=label, markersize=4)
+      # iid and orthogonal a little apart along x, so that their bars do not hide each other
+      ax.errorbar([m * shift for m in FEATURES], means, yerr=stds, fmt=style,
+                  marker="o" if kind == "orthogonal" else "x", color=color, label=label,
+                  markersize=4, capsize=2, elinewidth=0.8)
   ax.axhline(0.1, color="gray", lw=0.8, ls=":")
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
   ax.set_xticks(FEATURES, [str(m) for m in FEATURES])
   ax.set_xlabel("number of random features m")
   ax.set_ylabel("mean relative error vs exact softmax attention")
-  ax.set_title("FAVOR+ at head_dim 64: orthogonal (solid) vs iid (dashed)")
+  shape = ", ".join(x for x in (length and f"length {length}", heads and f"{heads} heads") if x)
+  ax.set_title(f"FAVOR+ output error at head_dim {HEAD_DIM}" + (f", {shape}" if shape else "")
+               + "\northogonal (solid) vs iid (dashed) features"
+               + (f"; bars: std over {seeds} draws" if seeds else ""), fontsize=11)
   ax.legend(fontsize=8, title="s = |q d^-1/4|^2", title_fontsize=8, loc="upper left",
             bbox_to_anchor=(1.01, 1.0))
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  return fig
+
+
+def plot(results: dict, path: str, length: int | None = None, heads: int | None = None,
+         seeds: int | None = None) -> None:
+  fig = figure(results, length, heads, seeds)
+  if fig is None:
+    print("matplotlib is not installed: no plot (pip install -e '.[bench]').", file=sys.stderr)
+    return
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  import matplotlib.pyplot as plt
+  plt.close(fig)
   print(f"wrote {path}", file=sys.stderr)
 
 
@@ -141,7 +163,7 @@ def main(argv=None) -> None:
         f"({time.perf_counter() - t0:.0f} s)\n")
   print(table(results, args.seeds))
   if not args.no_plot:
-    plot(results, args.plot)
+    plot(results, args.plot, args.length, args.heads, args.seeds)
 
 
 if __name__ == "__main__":

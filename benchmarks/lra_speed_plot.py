@@ -470,7 +470,7 @@ def plot_accuracy(points: list[dict], path: str, accuracy_of: str = "") -> Canva
   length = _length_label(first["length"])
   setup = ", ".join(f"{v}" for v in (first.get("setup"),
                                      first.get("batch") and f"batch {first['batch']}") if v)
-  seeds = max(p["runs"] for p in points)
+  seeds = max(p.get("runs", 1) for p in points)
   whose = accuracy_of or "test"
   canvas.text((535, 12), f"Training speed at length {length} against {whose.split(' (')[0]} "
               "accuracy", font, anchor="ma")

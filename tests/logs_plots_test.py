@@ -121,3 +121,80 @@ def test_flash_is_visible_where_its_memory_equals_other_kinds(tmp_path):
     panel = image.convert("RGB").crop((670, 80, 1140, 560))
     count = dict((c, n) for n, c in panel.getcolors(1 << 16)).get(rgb, 0)
     assert count > 200, "flash hidden in the memory panel"
+
+
+def _attention_records():
+  """A group laid out as benchmarks/attention.py records it (the linear group of
+  docs/linear_attention.png: a FLOP floor below the first impl, peers far above)."""
+  header = {"date": "2026-11-21T15:47:12", "machine": {"cpu": "AMD EPYC"},
+            "matmul": {"flops_per_s": 1.93e11}}
+  records = []
+  for impl, scale in (("favor", 1.0), ("favor_causal", 1.7), ("dense_jax_peer", 30.0),
+                      ("torch_sdpa_peer", 7.0), ("linformer", 1.3)):
+    for n in (8192, 16384):
+      if impl == "dense_jax_peer" and n == 16384:
+        continue
+      records.append(dict(group="linear", impl=impl, mode="fwdbwd", n=n, status="ok",
+                          batch=1, heads=8, head_dim=64, median_s=0.45 * scale * n / 8192,
+                          rss_increase_mb=500.0 * scale * n / 8192,
+                          flops_fwd=1.2e10 * n / 8192 if impl == "favor" else None))
+  return header, records
+
+
+def test_attention_report_legend_is_off_the_panels_and_texts_apart(tmp_path):
+  pytest.importorskip("matplotlib")
+  from benchmarks import attention_report
+  header, records = _attention_records()
+  names = attention_report.analyse(header, records, [r["impl"] for r in records])["linear"]
+  fig = attention_report.figure(header, records, "linear", names)
+  fig.canvas.draw()
+  renderer = fig.canvas.get_renderer()
+  box = lambda artist: tuple(artist.get_window_extent(renderer).extents)
+  legend = box(fig.legends[0])
+  axes = [box(ax) for ax in fig.axes]
+  for panel in axes:
+    assert not plot.overlaps(legend, panel), "the legend covers a panel's data"
+  texts = [t for ax in fig.axes for t in (ax.title, ax.xaxis.label, ax.yaxis.label,
+                                           *ax.get_xticklabels(), *ax.get_yticklabels())
+           if t.get_text() and t.get_visible()] + [fig._suptitle]
+  boxes = [(t.get_text(), box(t)) for t in texts]
+  for i, (a, box_a) in enumerate(boxes):
+    for b, box_b in boxes[i + 1:]:
+      assert not plot.overlaps(box_a, box_b), f"{a!r} overlaps {b!r}"
+  assert "batch 1, 8 heads, head dim 64" in fig.axes[0].get_title()
+  paths = attention_report.plot(header, records, names, str(tmp_path))
+  with Image.open(paths[0]) as image:
+    assert image.size[0] > 1400     # the legend right of the two panels is in the file
+
+
+def _texts_apart(fig):
+  fig.canvas.draw()
+  renderer = fig.canvas.get_renderer()
+  box = lambda artist: tuple(artist.get_window_extent(renderer).extents)
+  for ax in fig.axes:
+    legend = ax.get_legend()
+    if legend is not None:
+      assert not plot.overlaps(box(legend), box(ax)), "the legend covers the data"
+  texts = [(t.get_text(), box(t)) for ax in fig.axes
+           for t in (ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(),
+                     *ax.get_yticklabels()) if t.get_text() and t.get_visible()]
+  for i, (a, box_a) in enumerate(texts):
+    for b, box_b in texts[i + 1:]:
+      assert not plot.overlaps(box_a, box_b), f"{a!r} overlaps {b!r}"
+
+
+def test_favor_quality_plot_has_error_bars_a_legend_off_the_data_and_says_what(tmp_path):
+  pytest.importorskip("matplotlib")
+  from benchmarks import favor_quality as fq
+  results = {}
+  for i, s in enumerate(fq.SQ_NORMS):
+    results[s, "logit_std"] = 0.1 * (i + 1)
+    for kind in ("orthogonal", "iid", "relu"):
+      for m in fq.FEATURES:
+        results[s, kind, m] = (0.5 * (i + 1) / m ** 0.5, 0.05 / m ** 0.5)
+  fig = fq.figure(results, 1024, 4, 5)
+  _texts_apart(fig)
+  title = fig.axes[0].get_title()
+  assert "length 1024" in title and "4 heads" in title and "5 draws" in title
+  bars = [c for c in fig.axes[0].containers if getattr(c, "has_yerr", False)]
+  assert len(bars) == 2 * len(fq.SQ_NORMS)

@@ -201,7 +201,7 @@ def test_speed_accuracy_plot_from_lra_results_json(tmp_path, quick):
   for p in points:
     assert float(p[5]) == pytest.approx(speed[p[2]], rel=1e-3)
   with Image.open(plot) as image:
-    assert image.size == (1000, 680) and len(image.getcolors(1 << 16)) > 3
+    assert image.size == (1000, 700) and len(image.getcolors(1 << 16)) > 3
 
 
 def test_markdown_replaces_only_the_tables_between_the_markers(tmp_path):
@@ -223,5 +223,5 @@ def test_speed_accuracy_labels_stay_inside_the_frame(tmp_path):
   path = tmp_path / "accuracy.png"
   lra_speed_plot.plot_accuracy(points, str(path))
   with Image.open(path) as image:
-    right = image.convert("L").crop((962, 0, 1000, 680))
+    right = image.convert("L").crop((962, 0, 1000, 700))
     assert right.getextrema() == (255, 255), "ink right of the frame: a label was clipped"
