@@ -120,6 +120,7 @@ class RunLog:
   def rebuild(self) -> None:
     """Writes the run's log anew from every phase's metrics.jsonl."""
     self.close()
+    storage.makedirs(self.workdir)
     if storage.exists(self.tensorboard_dir):
       storage.rmtree(self.tensorboard_dir)
     self.lines.rewrite([])

@@ -158,3 +158,13 @@ def test_a_piped_run_has_one_truncation_note_and_no_redraws(prepared, tmp_path):
   for noise in ("\r", "\x1b[", "Downloading and preparing", "downloaded"):
     assert noise not in out, f"{noise!r} in the piped output:\n{out[-3000:]}"
   assert "train: step 2/2 (100%)" in done.stderr
+
+
+def test_a_fresh_staged_run_starts_its_log_in_a_new_workdir(tmp_path):
+  workdir = str(tmp_path / "new" / "run")
+  log = phases.RunLog(workdir, [2, 2])
+  _phase_records(workdir, 1, [1, 2])
+  log.sync(0)
+  log.close()
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    assert [json.loads(line)["step"] for line in f] == [1, 2]
