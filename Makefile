@@ -66,5 +66,5 @@ device-rehearse: $(STAMP)
 MODULE ?= attention/band.py
 mutation: $(STAMP)
 	@$(VENV)/bin/python -c 'import cosmic_ray' 2>/dev/null || \
-	  $(VENV)/bin/python -m pip install -q 'cosmic-ray>=8.7,<9'
+	  $(VENV)/bin/python -m pip install -q 'cosmic-ray==8.7.0'
 	nice -n 19 $(VENV)/bin/python benchmarks/mutation.py $(MODULE)

@@ -46,7 +46,7 @@ TESTS: dict[str, list[str]] = {
     "attention/relative.py": ["tests/mutation_relative_test.py", "tests/relative_test.py",
                               _CORRECTNESS, "-k",
                               "relative or sinusoid or compressive_layer or not correctness"],
-    "models/memory.py": ["tests/recurrence_test.py", "tests/mutation_memory_test.py",
+    "models/memory.py": ["tests/mutation_memory_test.py", "tests/recurrence_test.py",
                          _CORRECTNESS, "-k",
                          "memory or compress or reconstruction or same_length or sublayers "
                          "or not correctness"],

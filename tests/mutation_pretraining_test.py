@@ -69,9 +69,9 @@ def test_filler_examples_contribute_nothing(objective):
 
 def test_chance_ids_are_the_real_tokens_of_the_real_examples():
   task = tasks.get_task("listops+mlm")
-  batch = {"inputs": np.array([[3, 4, 0], [5, 6, 7], [8, 0, 0]]),
+  batch = {"inputs": np.array([[1, 4, 0], [5, 6, 7], [8, 0, 0]]),
            "weights": np.array([1.0, 0.0, 1.0])}
-  assert sorted(task.chance_ids(batch).tolist()) == [3, 4, 8]
+  assert sorted(task.chance_ids(batch).tolist()) == [1, 4, 8]
 
 
 def test_lower_loss_is_better_and_a_tie_is_not():
@@ -123,3 +123,17 @@ def test_two_fields_add_up():
                                             jax.random.fold_in(key, i))[2]).sum())
              for i, f in enumerate(task.inputs))
   assert float(total["weight"]) == want
+
+
+def test_one_attention_spec_per_attention_sublayer_of_a_reordered_stack():
+  """MPNet's masks are built per attention sublayer: with sublayers "ssssff" (4 attention
+  sublayers in 3 layers' worth) the model carries 4 specs, the fourth with its own window."""
+  c = configs.build_config("listops", size="small")
+  c.model.emb_dim, c.model.qkv_dim, c.model.mlp_dim, c.model.classifier_dim = 16, 16, 16, 16
+  c.model.num_heads, c.model.num_layers, c.model.sublayers = 2, 3, "ssssff"
+  c.model.attention = {"kind": "band", "window": 2}
+  c.model.layer_attention = ({}, {}, {}, {"window": 5})
+  task = tasks.get_task("listops+mpnet")
+  model = task.build_model(train.model_config(c, task), nnx.Rngs(0))
+  specs = [dict(s) for s in model.pretraining[2]]
+  assert [s["window"] for s in specs] == [2, 2, 2, 5]
