@@ -84,7 +84,8 @@ def run_sweep(args: argparse.Namespace, points: Sequence, module: ModuleType, op
         print("\n".join(x for x in tpu.plan(opts, command, folder)
                         if not x.startswith("# ") or x.startswith("# then for each worker")))
       else:
-        print("# " + slurm.script(opts, command, folder).splitlines()[-1])
+        print("# " + next(x for x in slurm.script(opts, command, folder).splitlines()
+                          if x.startswith("srun ")))
         print(shlex.join(slurm.sbatch_command(os.path.join(folder, "job.sbatch"))))
     elif run_state.finished(os.path.join(args.workdir, p.name), p.staged_phases):
       skipped += 1

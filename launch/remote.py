@@ -1,7 +1,7 @@
 """`lra launch tpu|slurm -- run ...`: what the TPU and SLURM launchers share.
 
   lra launch tpu   --tpu NAME --zone ZONE [options] [--dry_run] -- run TASK [lra run flags]
-  lra launch slurm --nodes N --gpus_per_node G [options] [--dry_run] -- run TASK [lra run flags]
+  lra launch slurm --nodes N [--gpus_per_node G] [options] [--dry_run] -- run TASK [lra run flags]
 
 Everything after `--` is the `lra run` command each process runs. It is checked here exactly as
 `lra run` checks it before importing jax (the task name, `--attention`/`--size`/`--arg`, every

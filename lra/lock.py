@@ -26,6 +26,7 @@ import errno
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Callable
@@ -86,6 +87,28 @@ def busy_message(path: str, holder: dict) -> str:
   return (f"{os.path.dirname(path)} is in use by another run (pid {holder.get('pid')} on "
           f"{holder.get('host')}, started {holder.get('started')}); wait for it to finish, stop "
           f"it, or use another --workdir (delete {path} only if that run is gone).")
+
+
+def refusal(workdir: str) -> str | None:
+  """The one line a run on `workdir` would be refused with now (a live holder: on this host, or
+  on another whose heartbeat is fresh), else None. Advisory (the lock itself decides): a SLURM
+  task checks it before importing jax, so that a job on a busy workdir ends in seconds."""
+  lock = WorkdirLock(workdir)
+  holder = lock._holder()
+  if not holder or lock._stale(holder):
+    return None
+  return busy_message(lock.path, holder)
+
+
+def exit_if_busy(argv: list[str]) -> None:
+  """For a task's `lra run` argv with `--workdir PATH` (local): exits with the one-line refusal
+  (status 2) when the workdir is busy."""
+  for i, a in enumerate(argv[:-1]):
+    if a == "--workdir" and "://" not in argv[i + 1]:
+      message = refusal(argv[i + 1])
+      if message:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 class WorkdirLock:

@@ -9,7 +9,11 @@ finds the job through its SlurmCluster (jax/_src/clusters/slurm_cluster.py reads
 SLURM_STEP_NODELIST, SLURM_NTASKS, SLURM_PROCID and SLURM_LOCALID; the coordinator port comes
 from the job id, which is chosen so that the port is free). The two tasks train a tiny ListOps
 config as one job, and the final checkpoint holds the parameters of a one-process run. A
-stand-in `sbatch` records the submission of the same script.
+stand-in `sbatch` records the `--test-only` check and the submission of the same script.
+
+The same launcher against a real SLURM cluster (CPU-only) is tests/slurm_launch_test.py; the
+stand-ins here keep the GPU form of the script (`--gpus_per_node`), `--sbatch` options and the
+one-line refusals of bad flags, which need no cluster.
 """
 
 import os
@@ -57,7 +61,8 @@ for t in range(int(os.environ["SLURM_NTASKS"])):
          "SLURM_STEP_NODELIST": os.environ["SLURM_JOB_NODELIST"],
          "SLURM_STEP_NUM_NODES": os.environ["SLURM_NNODES"],
          "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2"}   # CPU devices for the GPUs
-  log = open(opts["output"].replace("%j", job).replace("%t", str(t)), "w")
+  log = open(opts["output"].replace("%j", job).replace("%t", str(t)),
+             "a" if opts.get("open-mode") == "append" else "w")
   procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
 while any(p.poll() is None for p in procs):   # --kill-on-bad-exit=1
   if "kill-on-bad-exit" in opts and any(p.poll() not in (None, 0) for p in procs):
@@ -100,7 +105,8 @@ def job_id_with_a_free_port() -> int:
 
 def launch_args(workdir, launch_dir, *extra) -> list[str]:
   return ["launch", "slurm", "--nodes", "1", "--gpus-per-node", "2", "--partition", "gpu",
-          "--time", "30", "--launch_dir", str(launch_dir),
+          "--time", "30", "--launch_dir", str(launch_dir), "--sbatch", "mem=1G",
+          "--sbatch", "exclusive",
           "--env", f"LRA_DATA={os.environ['LRA_DATA']}", "--env",
           "JAX_DISABLE_MOST_OPTIMIZATIONS=1", "--env", "JAX_DEFAULT_MATMUL_PRECISION=highest",
           *extra, "--", "run", "listops", "--size", "small", "--workdir", str(workdir), *FLAGS]
@@ -121,14 +127,20 @@ def test_the_dry_run_script_trains_two_tasks_as_one_job(standin, config, tmp_pat
   lines = script.splitlines()
   assert lines[0] == "#!/bin/bash"
   for directive in ("--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2", "--partition=gpu",
-                    "--time=30", "--signal=TERM@120", f"--output={launch_dir}/slurm-%j.out"):
+                    "--time=30", "--signal=B:USR1@120", f"--output={launch_dir}/slurm-%j.out",
+                    "--open-mode=append", "--no-requeue", "--mem=1G", "--exclusive"):
     assert f"#SBATCH {directive}" in lines
   assert "export LRA_DISTRIBUTED=1" in lines and f"cd {REPO}" in lines
-  assert lines[-1].startswith(f"srun --kill-on-bad-exit=1 --output={launch_dir}/job%j-task%t.log "
-                              f"{sys.executable} -m launch.cli run listops --size small")
+  srun = next(x for x in lines if x.startswith("srun "))
+  assert srun.startswith(f"srun --kill-on-bad-exit=1 --open-mode=append "
+                         f"--output={launch_dir}/job%j-task%t.log bash -c ")
+  assert f" lra-task {sys.executable} -c " in srun and srun.endswith(" &")
+  # The workdir is absolute in the script (tests/slurm_launch_test.py gives a relative one).
+  assert f"run listops --size small --workdir {workdir} " in srun
   assert not launch_dir.exists()   # a dry run writes nothing
-  assert note == (f"(dry run: {launch_dir}/job.sbatch would hold this script, submitted with "
-                  f"`sbatch --parsable {launch_dir}/job.sbatch`)\n")
+  assert note == (f"(dry run: {launch_dir}/job.sbatch would hold this script, checked with "
+                  f"`sbatch --test-only` and submitted with `sbatch --parsable "
+                  f"{launch_dir}/job.sbatch`)\n")
 
   # Run it as SLURM would on one node with two tasks.
   launch_dir.mkdir()
@@ -143,7 +155,10 @@ def test_the_dry_run_script_trains_two_tasks_as_one_job(standin, config, tmp_pat
   logs = [launch_dir / f"job{job}-task{t}.log" for t in (0, 1)]
   tails = "\n".join(f"--- {p.name}:\n{p.read_text()[-2000:]}" for p in logs if p.exists())
   assert proc.returncode == 0, proc.stdout + proc.stderr + tails
-  assert (tmp_path / "calls").read_text().splitlines() == [lines[-1]]
+  calls = (tmp_path / "calls").read_text().splitlines()
+  assert len(calls) == 1 and calls[0].startswith("srun --kill-on-bad-exit=1 --open-mode=append")
+  assert f"=== job {job} attempt 1 on localhost" in proc.stdout
+  assert f"=== job {job} attempt 1 task 0 on " in logs[0].read_text()
   assert "test accuracy" in logs[0].read_text()
 
   # One job of two processes: the parameters of the same config in one process on 4 devices.
@@ -163,14 +178,30 @@ def test_submission_writes_the_script_and_calls_sbatch(standin, tmp_path, capsys
   assert cli.main(launch_args(workdir, launch_dir)) == 0
   out, err = capsys.readouterr()
   assert (launch_dir / "job.sbatch").read_text() == script
-  assert (tmp_path / "calls").read_text() == f"sbatch --parsable {launch_dir}/job.sbatch\n"
+  assert (tmp_path / "calls").read_text() == (f"sbatch --test-only {launch_dir}/job.sbatch\n"
+                                              f"sbatch --parsable {launch_dir}/job.sbatch\n")
   assert out.startswith(f"submitted job 4242: `lra run listops --size small --workdir {workdir}")
   assert f"task logs {launch_dir}/job4242-task*.log" in out and err == ""
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--nodes", "0", "--gpus-per-node", "2"], "error: --nodes must be at least 1, got 0."),
-    (["--nodes", "1"], "error: the SLURM launcher needs --nodes N and --gpus_per_node G."),
+    (["--gpus-per-node", "2"], "error: the SLURM launcher needs --nodes N (and --gpus_per_node "
+                               "G on a cluster with GPUs)."),
+    (["--nodes", "1", "--gpus-per-node", "-1"], "error: --gpus_per_node must be at least 0, "
+                                                "got -1."),
+    (["--nodes", "1", "--cpus-per-task", "0"], "error: --cpus_per_task must be at least 1, "
+                                               "got 0."),
+    (["--nodes", "1", "--sbatch", "mem"], None),   # a bare key is a flag: fine here
+    (["--nodes", "1", "--sbatch", "mem="], "error: --sbatch takes KEY=VALUE or KEY"),
+    (["--nodes", "1", "--sbatch", "Bad Key=1"], "error: --sbatch takes KEY=VALUE or KEY"),
+    (["--nodes", "1", "--sbatch", "ntasks_per_node=4"],
+     "error: --sbatch ntasks-per-node: the launcher writes that option itself; use its own "
+     "flag"),
+    (["--nodes", "1", "--requeue"], "error: --requeue requeues the job at its time limit: give "
+                                    "--time too."),
+    (["--nodes", "1", "--python", "/nonexistent/python3"],
+     "error: --python /nonexistent/python3: no executable there"),
     (["--nodes", "1", "--gpus-per-node", "2", "--gpus", "2"],
      "error: lra launch slurm: unrecognized arguments: --gpus 2"),
     (["--nodes", "x", "--gpus-per-node", "2"],
@@ -184,6 +215,10 @@ def test_bad_flags_are_one_line_and_call_nothing(argv, message, standin, tmp_pat
                                                  monkeypatch):
   monkeypatch.setenv("PATH", f"{standin}:{os.environ['PATH']}")
   monkeypatch.setenv("STANDIN_RECORD", str(tmp_path / "calls"))
+  if message is None:   # valid: a dry run prints the script
+    assert cli.main(["launch", "slurm", *argv, "--dry_run", "--", "run", "listops"]) == 0
+    assert "#SBATCH --mem\n" in capsys.readouterr().out
+    return
   assert cli.main(["launch", "slurm", *argv, "--launch_dir", str(tmp_path / "l"), "--", "run",
                    "listops"]) == 2
   out, err = capsys.readouterr()
@@ -204,7 +239,7 @@ def test_bad_run_commands_are_one_line_and_call_nothing(command, message, standi
                                                         capsys, monkeypatch):
   monkeypatch.setenv("PATH", f"{standin}:{os.environ['PATH']}")
   monkeypatch.setenv("STANDIN_RECORD", str(tmp_path / "calls"))
-  argv = ["launch", "slurm", "--nodes", "1", "--gpus-per-node", "2"]
+  argv = ["launch", "slurm", "--nodes", "1"]
   assert cli.main(argv + ([] if command is None else ["--", *command])) == 2
   out, err = capsys.readouterr()
   assert out == "" and err.startswith(message) and err.count("\n") == 1, err

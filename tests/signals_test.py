@@ -46,3 +46,17 @@ def test_outside_the_main_thread_nothing_is_installed():
   t.start()
   t.join()
   assert seen == [(False, before)]
+
+
+def test_a_sigterm_held_since_start_up_is_the_first_request(capsys):
+  before = signal.getsignal(signal.SIGTERM)
+  try:
+    signals.hold_early()
+    signal.raise_signal(signal.SIGTERM)   # held: the process goes on
+    with signals.StopRequest(lambda s: f"stopping ({signals.signal_label(s)})") as stop:
+      assert stop.requested and stop.count == 1
+    assert capsys.readouterr().out == "stopping (SIGTERM)\n"
+    with signals.StopRequest("x") as stop:   # taken once
+      assert not stop.requested
+  finally:
+    signal.signal(signal.SIGTERM, before)

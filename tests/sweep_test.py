@@ -397,8 +397,9 @@ def test_slurm_runner_dry_run_prints_each_points_srun_and_sbatch(tmp_path, capsy
   for k, name in enumerate(NAMES):
     head, srun, submit = lines[3 * k:3 * (k + 1)]
     assert head.startswith(f"# [{k + 1}/4] {name}: lra run listops --arg ")
-    assert srun.startswith(f"# srun --kill-on-bad-exit=1 --output={launches}/{name}/job%j-task%t"
-                           f".log {sys.executable} -m launch.cli run listops --arg ")
+    assert srun.startswith(f"# srun --kill-on-bad-exit=1 --open-mode=append --output="
+                           f"{launches}/{name}/job%j-task%t.log bash -c ")
+    assert f" lra-task {sys.executable} -c " in srun and " run listops --arg " in srun
     assert f" --workdir {workdir}/{name} " in srun
     assert submit == f"sbatch --parsable {launches}/{name}/job.sbatch"
   assert not standin.exists() and not launches.exists()
@@ -413,7 +414,8 @@ def test_slurm_runner_submits_one_job_per_unfinished_point(tmp_path, capsys, sta
   out = capsys.readouterr().out
   todo = [n for n in NAMES if n != NAMES[1]]
   assert standin.read_text().splitlines() == [
-      f"sbatch --parsable {launches}/{n}/job.sbatch" for n in todo]
+      line for n in todo for line in (f"sbatch --test-only {launches}/{n}/job.sbatch",
+                                       f"sbatch --parsable {launches}/{n}/job.sbatch")]
   for n in todo:
     script = (launches / n / "job.sbatch").read_text()
     assert "#SBATCH --ntasks-per-node=2" in script and f"--workdir {workdir}/{n} " in script
