@@ -4,12 +4,21 @@
 `render_table`: one row per (kind, length); `render_growth`: peak memory above the process
 baseline per doubling of the length; `render_lra_layout`: the LRA paper's Table 2 layout
 (kinds as rows, speed and memory relative to dot_product per length, or to flash, exact and
-memory-efficient, where dot_product ran out of memory). `plot_lengths`: steps/s and peak memory against the sequence length, both axes logarithmic, one
-line per attention kind (the references dashed). `read_accuracy` reads the test accuracy per
-kind from `lra results DIR --format json` (a list of runs) or `lra results DIR --lra --format
-json` (`{"common", "cells"}`), `speed_accuracy_points` pairs it with the measured steps/s, and
-`plot_accuracy` draws steps/s (log) against test accuracy. `write_markdown` writes the tables
-into a document between its marker lines.
+memory-efficient, where dot_product ran out of memory). `write_markdown` writes the tables into
+a document between its marker lines.
+
+Plots. `plot_lengths`: steps/s and peak memory against the sequence length, both axes
+logarithmic, one line per attention kind, the legend right of the panels; the exact references
+(dot_product, flash) and identity dashed with open markers and drawn last, so that a line they
+coincide with (flash's memory is the linear kinds') shows through and they stay visible.
+`read_accuracy` reads the test accuracy per kind from `lra results DIR --format json` (a list of
+runs) or `lra results DIR --lra --format json` (`{"common", "cells"}`), `describe_accuracy` says
+whose accuracy it is (task, size, its sequence length, seeds), `speed_accuracy_points` pairs it
+with the measured steps/s, and `plot_accuracy` draws steps/s (log) against test accuracy, a bar
+from each kind's lowest to highest run, titled with both lengths. Every text goes through a
+`Canvas`, which records its box: `place_label` puts each kind's label at the first spot near its
+point that covers no other label, point or bar, and the tests check that no two texts of a plot
+overlap and that the legend is off the panels.
 """
 
 from __future__ import annotations
