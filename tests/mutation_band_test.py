@@ -52,7 +52,6 @@ CASES = [
     (23, 2, (1, 2, 3), False, (2, 1), (23, 17), 4),    # per-head dilation, globals, padding
     (23, 3, (2, 2, 1), True, (1, 2), (20, 23), 4),     # causal, a run of equal dilations
     (19, 5, 1, False, (0, 3), (19, 0), None),          # an all-padding row, default block
-    (12, 1, 2, True, (0, 0), (12, 9), 8),              # no global tokens in the batch
     (6, 9, (3, 1, 1), False, (1, 0), (6, 4), 2),       # window past the end, tiny blocks
     (30, 4, (1, 1, 2), True, (2, 2), (30, 25), 16),    # block over one residue class
 ]

@@ -94,3 +94,31 @@ def test_reconstruction_loss_by_the_equation_with_length_unlike_head_dim():
 
   want = np.mean((attend(old) - attend(comp)) ** 2)
   np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+def test_dropout_follows_the_encoder_s_random_streams():
+  """With an empty memory, a segment through the memory path equals the plain model with the
+  same dropout key: the memory path folds the key per block as the encoder does."""
+  model = models.LanguageModel(_cfg(layers=2, memory_length=3, dropout=0.3), rngs=nnx.Rngs(2))
+  tokens = jax.random.randint(jax.random.key(3), (2, 6), 1, V)
+  key = jax.random.key(4)
+  with_memory = model(tokens, rng=key, memory=model.init_memory(2))[0]
+  plain = model(tokens, rng=key)
+  plain = plain[0] if isinstance(plain, tuple) else plain
+  np.testing.assert_allclose(np.asarray(with_memory), np.asarray(plain), atol=2e-5, rtol=2e-5)
+  other = model(tokens, rng=jax.random.key(5), memory=model.init_memory(2))[0]
+  assert np.abs(np.asarray(other) - np.asarray(plain)).max() > 1e-3     # dropout is on
+
+
+def test_compressed_slots_are_valid_when_all_their_states_are():
+  """Rate 2, segment 6, memory 2 (empty): the oldest 6 of [memory; segment] leave, in pairs:
+  (empty, empty), (t0, t1), (t2, t3); a pair is valid only if both states are real tokens."""
+  model = models.LanguageModel(_cfg(layers=1, memory_length=2, compressed_length=4,
+                                    compression="mean", compression_rate=2), rngs=nnx.Rngs(0))
+  tokens = jnp.array([[1, 2, 3, 4, 5, 6], [1, 2, 0, 0, 0, 0], [0, 2, 3, 4, 5, 6]], jnp.int32)
+  _, state, _ = model(tokens, memory=model.init_memory(3))
+  # The 4 newest of [4 empty slots; (empty, empty), (t0, t1), (t2, t3)].
+  want = [[False, False, True, True], [False, False, True, False], [False, False, False, True]]
+  np.testing.assert_array_equal(np.asarray(state["cvalid"]), np.asarray(want))
+  np.testing.assert_array_equal(np.asarray(state["valid"]),
+                                np.asarray(tokens[:, 4:] > 0))
