@@ -64,7 +64,7 @@ def test_quick_prints_the_table_and_writes_every_point(quick):
     assert r["compile_s"] > 0 and r["peak_gb"] > 0.05 and r["params"] > 0
     assert r["loss"] == r["loss"]                       # finite, not NaN
   with Image.open(out[:-len(".jsonl")] + ".png") as image:
-    assert image.size == (1500, 640)
+    assert image.size == (1500, 660)
 
 
 def test_ratios_agree_with_the_measured_numbers(quick):
