@@ -196,22 +196,8 @@ _TASK = ('echo "=== job $SLURM_JOB_ID attempt $LRA_ATTEMPT task $SLURM_PROCID on
 # cleanly with the others instead of dying and leaving them in a collective.
 # A workdir another run holds ends the task at once, before jax (lra/lock.py `exit_if_busy`).
 _ENTRY = ("import sys; from lra import signals, lock; signals.hold_early(); "
-          "lock.exit_if_busy(sys.argv[1:]); from launch import slurm; "
-          "sys.exit(slurm.task_main(sys.argv[1:]))")
-
-
-def task_main(argv: list[str]) -> int:
-  """A task's `lra` command. A clean stop (130) exits 0 and is noted in `LRA_STOP_MARKER`
-  instead: srun's --kill-on-bad-exit would otherwise kill the tasks still saving or shutting
-  down when the first one ends, and the batch script reads the note."""
-  from launch import cli
-  rc = cli.main(argv)
-  marker = os.environ.get("LRA_STOP_MARKER")
-  if rc == STOPPED and marker:
-    with open(marker, "a") as f:
-      f.write(f"{os.environ.get('SLURM_PROCID', '?')}\n")
-    return 0
-  return rc
+          "lock.exit_if_busy(sys.argv[1:]); from launch import slurm_task; "
+          "sys.exit(slurm_task.main(sys.argv[1:]))")
 
 
 def script(o: Options, command: remote.RunCommand, launch_dir: str) -> str:
