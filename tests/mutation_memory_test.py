@@ -48,6 +48,7 @@ def test_check_refuses_a_rate_that_does_not_divide_the_segment():
   memory_lib.check({"compressed_length": 0, "compression_rate": 3}, 8)   # no compression: fine
   memory_lib.check({"compressed_length": 4, "compression_rate": 2}, 8)
   memory_lib.check({"compressed_length": 4}, 7)                         # rate 1 by default
+  memory_lib.check({"compressed_length": 4, "compression_rate": None}, 7)
   with pytest.raises(ValueError, match="compression_rate 3 must divide the segment length 8"):
     memory_lib.check({"compressed_length": 4, "compression_rate": 3}, 8)
 
@@ -100,7 +101,7 @@ def test_dropout_follows_the_encoder_s_random_streams():
   """With an empty memory, a segment through the memory path equals the plain model with the
   same dropout key: the memory path folds the key per block as the encoder does."""
   model = models.LanguageModel(_cfg(layers=2, memory_length=3, dropout=0.3), rngs=nnx.Rngs(2))
-  tokens = jax.random.randint(jax.random.key(3), (2, 6), 1, V)
+  tokens = jax.random.randint(jax.random.key(3), (2, 6), 1, V).at[1, 4:].set(0)   # padding
   key = jax.random.key(4)
   with_memory = model(tokens, rng=key, memory=model.init_memory(2))[0]
   plain = model(tokens, rng=key)

@@ -85,12 +85,12 @@ def test_lower_loss_is_better_and_a_tie_is_not():
 def test_bert_split_is_eighty_ten_ten_and_tokens_are_never_padding():
   assert BERT_SPLIT == (0.8, 0.1)
   vocab = 3                                            # random tokens can only be 1 or 2
-  tokens = jnp.ones((64, 64), jnp.int32)
+  tokens = jnp.full((64, 64), 2, jnp.int32)            # so a 1 can only be a random token
   inputs, shown, chosen = bert_corruption(tokens, 1.0, vocab, jax.random.key(0))
   inputs, shown, chosen = (np.asarray(a) for a in (inputs, shown, chosen))
   assert chosen.all()
   changed = inputs[~shown]
-  assert set(np.unique(changed)) == {1, 2}             # both drawn, never 0 or vocab
+  assert set(np.unique(changed)) == {1, 2}             # 1 drawn, never 0 or vocab
   zero_rate = bert_corruption(tokens, 0.0, vocab, jax.random.key(0))[2]
   assert not np.asarray(zero_rate).any()
 
@@ -147,3 +147,12 @@ def test_result_line_names_the_chance_reference_only_when_known():
   line = task.result_line({"test_accuracy": 0.5, "test_loss": 1.25,
                            "most_frequent_token_rate": 0.125}, "w")
   assert "0.5000 (most frequent token 0.1250), loss 1.2500" in line
+
+
+def test_clm_predicts_the_next_token():
+  task, model = _model("clm")
+  tokens = np.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]], np.int32)
+  logits, targets, scored = task.logits_and_targets(model, tokens, jax.random.key(0), None)
+  assert logits.shape[:2] == (2, 5)
+  np.testing.assert_array_equal(np.asarray(targets), tokens[:, 1:])
+  np.testing.assert_array_equal(np.asarray(scored), tokens[:, 1:] > 0)
