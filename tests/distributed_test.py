@@ -9,11 +9,16 @@ every validation and test example once (the splits do not divide into the eval b
 last batch has weight-0 fillers, all on process 1); only process 0 writes results.json and
 metrics.jsonl; and the two-process orbax checkpoint of step 2 is resumed by one process, which
 then ends where the one-process run does.
+
+A second test stops a two-process run with SIGTERM delivered to the processes 3 s apart (both
+save the same step, once) after a second run on its busy workdir was refused in both of its
+processes within seconds.
 """
 
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -74,8 +79,8 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def run_two_processes(workdir: str, logdir) -> list[dict]:
-  """Runs the config in two processes of one cluster; returns each process's report."""
+def start_two_processes(workdir: str, logdir, flags=FLAGS, tag: str = "process"):
+  """Starts the two processes of one cluster on `flags`; (the processes, their log files)."""
   port = _free_port()
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)  # conftest's 8 devices; each child gets 2 (JAX_NUM_CPU_DEVICES)
@@ -84,17 +89,23 @@ def run_two_processes(workdir: str, logdir) -> list[dict]:
              JAX_DEFAULT_MATMUL_PRECISION="highest", JAX_DISABLE_MOST_OPTIMIZATIONS="1",
              LRA_DATA=os.environ["LRA_DATA"])  # the same data root as this process
   argv = [sys.executable, "-c", CHILD, "listops", "--size", "small", "--workdir", workdir,
-          *FLAGS]
+          *flags]
   procs, logs = [], []
   for i in range(2):
-    logs.append(open(logdir / f"process{i}.log", "w+"))
+    logs.append(open(logdir / f"{tag}{i}.log", "w+"))
     procs.append(subprocess.Popen(argv, cwd=REPO, env={**env, "JAX_PROCESS_ID": str(i)},
                                   stdout=logs[i], stderr=subprocess.STDOUT))
-  deadline = time.monotonic() + TIMEOUT_S
+  return procs, logs
+
+
+def wait_two(procs, logs, timeout: float = TIMEOUT_S, stop_at_failure: bool = True) -> list[str]:
+  """Waits for both (killing the other at the first failure when `stop_at_failure`, both at
+  the timeout); their outputs."""
+  deadline = time.monotonic() + timeout
   try:
     # A process that fails leaves the other waiting in a collective: stop at the first failure.
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-      if any(p.poll() not in (None, 0) for p in procs):
+      if stop_at_failure and any(p.poll() not in (None, 0, 130) for p in procs):
         break
       time.sleep(0.2)
   finally:
@@ -107,6 +118,13 @@ def run_two_processes(workdir: str, logdir) -> list[dict]:
     log.seek(0)
     outputs.append(log.read())
     log.close()
+  return outputs
+
+
+def run_two_processes(workdir: str, logdir) -> list[dict]:
+  """Runs the config in two processes of one cluster; returns each process's report."""
+  procs, logs = start_two_processes(workdir, logdir)
+  outputs = wait_two(procs, logs)
   tails = "\n".join(f"--- process {i} (exit {p.returncode}):\n{out[-3000:]}"
                     for i, (p, out) in enumerate(zip(procs, outputs)))
   assert all(p.returncode == 0 for p in procs), f"the two-process run failed or hung:\n{tails}"
@@ -191,3 +209,54 @@ def test_two_processes_train_like_one_and_share_checkpoints(tmp_path):
   np.testing.assert_allclose(finished["final_test_accuracy"], reference["final_test_accuracy"],
                              rtol=RTOL)
   assert_same_params(finished["state"]["params"], reference["state"]["params"])
+
+
+LONG_FLAGS = [f"--config.{k}={v}" for k, v in {
+    **OVERRIDES, "num_train_steps": 400, "eval_every": 10**6, "checkpoint_every": 10**6}.items()]
+
+
+def _train_records(workdir: str) -> int:
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      return sum('"train"' in line for line in f)
+  except OSError:
+    return 0
+
+
+def test_sigterm_apart_stops_both_at_one_step_and_a_busy_workdir_is_refused_in_both(tmp_path):
+  """SIGTERM reaches process 1, then process 0 3 s later: both stop after the same step and
+  save it once (lra/mesh.py StopVote). Before that, a second two-process run on the busy
+  workdir ends in both of its processes with the lock's one line, in seconds."""
+  config = configs.build_config(
+      "listops", size="small", overrides=[(k, str(v)) for k, v in OVERRIDES.items()])
+  tasks.get_task("listops").prepare(config.data)
+  workdir = str(tmp_path / "wd")
+  procs, logs = start_two_processes(workdir, tmp_path, LONG_FLAGS)
+  try:
+    deadline = time.monotonic() + TIMEOUT_S
+    while _train_records(workdir) < 5:
+      assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+          "the run did not start training"
+      time.sleep(0.1)
+    t0 = time.monotonic()
+    busy = wait_two(*start_two_processes(workdir, tmp_path, LONG_FLAGS, tag="busy"), timeout=60,
+                    stop_at_failure=False)
+    took = time.monotonic() - t0
+    for out in busy:
+      errors = [x for x in out.splitlines() if x.startswith("error:")]
+      assert len(errors) == 1 and "is in use by another run" in errors[0], out[-3000:]
+      assert "Traceback" not in out, out[-3000:]
+    assert took < 30, f"the refused run took {took:.1f} s"
+    procs[1].send_signal(signal.SIGTERM)
+    time.sleep(3)
+    procs[0].send_signal(signal.SIGTERM)
+  finally:
+    outputs = wait_two(procs, logs)
+  tails = "\n".join(f"--- process {i} (exit {p.returncode}):\n{out[-3000:]}"
+                    for i, (p, out) in enumerate(zip(procs, outputs)))
+  assert [p.returncode for p in procs] == [130, 130], tails
+  saved = [int(x.split("at step ")[1].split()[0]) for out in outputs
+           for x in out.splitlines() if x.startswith("Saved a checkpoint at step")]
+  assert len(saved) == 2 and saved[0] == saved[1] and 5 <= saved[0] < 400, tails
+  steps = sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
+  assert steps == [saved[0]]
