@@ -30,6 +30,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -85,7 +86,7 @@ PYTEST_FLAGS = ["-q", "-x", "-p", "no:randomly", "-p", "no:cacheprovider", "-m",
 
 
 def _quote(arg: str) -> str:
-  return arg if re.fullmatch(r"[\w./:=-]+", arg) else "'" + arg.replace("'", "'\\''") + "'"
+  return shlex.quote(arg)
 
 
 def test_command(module: str, python: str) -> str:
@@ -97,8 +98,15 @@ def test_command(module: str, python: str) -> str:
   selected = [a for i, a in enumerate(TESTS[module])
               if not (a.startswith("tests/") and a.endswith(".py") and not (ROOT / a).exists()
                       and TESTS[module][i - 1] != "-k")]
-  args = [python, "-m", "pytest", *PYTEST_FLAGS, *selected]
-  return " ".join(_quote(a) for a in args)
+  # The module's tests/mutation_*_test.py run first and whole (their heavier tests are marked
+  # slow for `make test-fast`, not here); then the other files without their slow tests.
+  own = [a for a in selected if a.startswith("tests/mutation_")]
+  rest = [a for a in selected if a not in own]
+  flags = [f for f in PYTEST_FLAGS if f not in ("-m", "not slow")]
+  commands = [[python, "-m", "pytest", *flags, *own]] if own else []
+  commands.append([python, "-m", "pytest", *PYTEST_FLAGS, *rest])
+  inner = " && ".join(" ".join(_quote(a) for a in c) for c in commands)
+  return "sh -c " + _quote(inner) if own else inner
 
 
 def all_operators(python: str) -> list[str]:

@@ -57,7 +57,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+# The first two cases run in the fast set; all of them in the slow set and in mutation runs.
+@pytest.mark.parametrize("case", [c if i < 2 else pytest.param(c, marks=pytest.mark.slow)
+                                  for i, c in enumerate(CASES)], ids=[str(c) for c in CASES])
 def test_band_against_the_definition(case):
   length, window, dilation, causal, n_glob, lengths, block = case
   h = 3

@@ -66,6 +66,7 @@ def test_memory_layers_count_the_attention_sublayers():
   assert memory_lib.memory_layers(_cfg(layers=2, sublayers="ssfsff")) == 3
 
 
+@pytest.mark.slow   # runs in the mutation runs (benchmarks/mutation.py) and CI
 def test_a_memory_of_the_wrong_depth_is_refused():
   model = models.LanguageModel(_cfg(layers=2, memory_length=3), rngs=nnx.Rngs(0))
   state = memory_lib.init_state(1, 1, 8, 3)
@@ -111,6 +112,7 @@ def test_dropout_follows_the_encoder_s_random_streams():
   assert np.abs(np.asarray(other) - np.asarray(plain)).max() > 1e-3     # dropout is on
 
 
+@pytest.mark.slow   # runs in the mutation runs (benchmarks/mutation.py) and CI
 def test_compressed_slots_are_valid_when_all_their_states_are():
   """Rate 2, segment 6, memory 2 (empty): the oldest 6 of [memory; segment] leave, in pairs:
   (empty, empty), (t0, t1), (t2, t3); a pair is valid only if both states are real tokens."""

@@ -47,6 +47,7 @@ def test_mask_rate_defaults_to_bert_s_fifteen_percent():
   assert model.pretraining[1] == 0.15
 
 
+@pytest.mark.slow   # runs in the mutation runs (benchmarks/mutation.py) and CI
 @pytest.mark.parametrize("objective", ["mlm"])   # the weighting is shared by every objective
 def test_filler_examples_contribute_nothing(objective):
   """The sums over a batch whose second example has weight 0 equal the sums over the first
@@ -91,6 +92,7 @@ def test_bert_split_is_eighty_ten_ten_and_tokens_are_never_padding():
   assert chosen.all()
   changed = inputs[~shown]
   assert set(np.unique(changed)) == {1, 2}             # 1 drawn, never 0 or vocab
+  assert (inputs[shown] == 2).all()                    # [MASK] positions keep their token
   zero_rate = bert_corruption(tokens, 0.0, vocab, jax.random.key(0))[2]
   assert not np.asarray(zero_rate).any()
 
@@ -103,6 +105,7 @@ def test_permutation_of_one_token_and_of_padding_only():
   assert sorted(ranks[1].tolist()) == [0, 1, 2]
 
 
+@pytest.mark.slow   # runs in the mutation runs (benchmarks/mutation.py) and CI
 def test_two_fields_add_up():
   """A two-input task (retrieval) scores both fields: the weight is the number of chosen tokens
   of the first field plus that of the second, each drawn from the evaluation key folded with
@@ -125,6 +128,7 @@ def test_two_fields_add_up():
   assert float(total["weight"]) == want
 
 
+@pytest.mark.slow   # runs in the mutation runs (benchmarks/mutation.py) and CI
 def test_one_attention_spec_per_attention_sublayer_of_a_reordered_stack():
   """MPNet's masks are built per attention sublayer: with sublayers "ssssff" (4 attention
   sublayers in 3 layers' worth) the model carries 4 specs, the fourth with its own window."""
@@ -151,7 +155,7 @@ def test_result_line_names_the_chance_reference_only_when_known():
 
 def test_clm_predicts_the_next_token():
   task, model = _model("clm")
-  tokens = np.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]], np.int32)
+  tokens = np.array([[3, 1, 5, 6, 0, 0], [7, 8, 9, 10, 1, 12]], np.int32)
   logits, targets, scored = task.logits_and_targets(model, tokens, jax.random.key(0), None)
   assert logits.shape[:2] == (2, 5)
   np.testing.assert_array_equal(np.asarray(targets), tokens[:, 1:])
