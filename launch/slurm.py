@@ -374,6 +374,13 @@ def follow(job: str, launch_dir: str, *, poll_s: float = 1.0) -> int:
   rc = int(code) if int(code or 0) else (128 + int(sig) if int(sig or 0) else 0)
   if state != "COMPLETED" and rc == 0:
     rc = 1
+  if rc:   # the first task's one line (srun may have killed the others before theirs)
+    for t in range(int(fields.get("NumTasks", "1") or 1)):
+      line = next((x for x in _Tail(os.path.join(folder, f"job{job}-task{t}.log")).lines()
+                   if x.startswith("error:")), None)
+      if line:
+        print(f"task {t}: {line}", flush=True)
+        break
   print(f"job {job} ended: {state} (exit {fields.get('ExitCode', '?')})", flush=True)
   return rc
 

@@ -9,9 +9,10 @@ axis need annotations everywhere.
 
 `maybe_initialize_distributed()` starts multi-process JAX when `LRA_DISTRIBUTED=1` (or the
 config's `distributed` flag) is set; a single process needs nothing. Outside a cluster JAX
-detects, JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID say who is who. From then on a
-SIGTERM is held for the run's stop request (lra/signals.py `hold_early`) instead of ending the
-process, so a job signalled during start-up still stops cleanly with all its processes.
+detects, JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID say who is who. From
+then on a SIGTERM is held for the run's stop request (lra/signals.py `hold_early`) instead of
+ending the process, so a job signalled during start-up still stops cleanly with all its
+processes.
 
 With several processes, every decision that changes which collectives run must be the same in
 all of them. `any_process(flag)` is the blocking agreement (an all-gather of one flag per

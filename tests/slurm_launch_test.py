@@ -12,7 +12,8 @@ jax.distributed job on 2 CPU devices each (a 4-device mesh), with a relative --w
 - SIGTERM delivered to the two tasks 3 s apart while they train: both stop after the same step,
   with one checkpoint at that step; the job ends COMPLETED (a clean stop, not FAILED), and the
   same command resumes it to parameters bit-identical to an uninterrupted job's. While the
-  first job runs, a second job on its workdir fails in under 30 s with one line in each task.
+  first job runs, a second job on its workdir fails in under 30 s with the lock's one line
+  (`--follow` ends with it).
 - SIGTERM to both tasks during start-up (as soon as each runs its first line, before jax is
   imported): the job stops cleanly at step 0 and resumes exactly too.
 
@@ -210,11 +211,15 @@ def stopped_run(cluster, folder, *, when: str) -> tuple[str, int]:
     took = time.monotonic() - t0
     second = job_id(busy)
     assert busy.returncode != 0, busy.stdout
+    # Each task refuses with the one line; srun's --kill-on-bad-exit may end the other task
+    # before it writes its own. --follow ends with the line.
+    errors = []
     for t in (0, 1):
       lines = (folder / "busy" / f"job{second}-task{t}.log").read_text().splitlines()
-      errors = [x for x in lines if x.startswith("error:")]
-      assert len(errors) == 1 and "is in use by another run" in errors[0], lines
+      errors += [x for x in lines if x.startswith("error:")]
       assert not any("Traceback" in x for x in lines), lines
+    assert errors and all("is in use by another run" in x for x in errors), errors
+    assert busy.stdout.splitlines()[-2].split(": ", 1)[1] == errors[0], busy.stdout
     assert took < 30, f"the refused job took {took:.1f} s"
     pids = task_pids(job)
     assert len(pids) == 2
