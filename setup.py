@@ -41,6 +41,8 @@ setup(
         # Workdirs and data in Google Cloud Storage (gs://...), through etils.epath and fsspec.
         "gcs": ["gcsfs==2026.10.1"],
         "bench": ["torch==2.13.0", "transformers==5.23.0", "matplotlib==3.11.2"],
+        # Mutation testing (`make mutation MODULE=...`, docs/testing.md); not needed by CI.
+        "mutation": ["cosmic-ray==8.7.0"],
     },
     entry_points={"console_scripts": ["lra=launch.cli:main"]},
 )
