@@ -78,8 +78,8 @@ def test_data_status_and_prepare(tmp_path, monkeypatch, capsys):
                "--config.data.num_test=8"]
   assert cli.main(["data", "status", "--size", "small"]) == 0
   out = capsys.readouterr().out
-  assert f"data root: {tmp_path}" in out
-  lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+  assert f"data root: {tmp_path}" in out and "\nsizes: small\n" in out   # the size checked
+  lines = {line.split()[0]: line for line in out.splitlines()[2:]}
   assert set(lines) == {"listops", "text", "retrieval", "image", "pathfinder", "pathx",
                         "enwik8", "text8", "sort_marked"}
   assert "missing" in lines["listops"] and "generator" in lines["listops"]
