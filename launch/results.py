@@ -40,7 +40,7 @@ from typing import Any, Iterable, Sequence
 import configs
 from launch import run_state
 from launch.values import config_arg_fields, flatten, value_text
-from lra import phases, storage
+from lra import phases
 
 # (name, test field, best-validation field, validation-record field, higher is better): a run's
 # metric is the first whose test field its results.json has.
@@ -86,7 +86,7 @@ def default_config(task: str, config_arg: str, phase: int = 0,
       if staged:
         c = phases.phase_config(c, phase)
       _DEFAULTS[key] = flatten(json.loads(c.to_json_best_effort()))
-    except (ValueError, KeyError, IndexError):
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
       _DEFAULTS[key] = None
   return _DEFAULTS[key]
 
@@ -122,45 +122,87 @@ def _metric_of(results: dict[str, Any] | None):
   return METRICS[-1]
 
 
+def _number(v: Any) -> float | int | None:
+  """`v` when it is a number (not a bool, not NaN or infinite), else None: a field of a
+  results.json or metrics record of any shape is shown as missing rather than failing."""
+  if isinstance(v, bool) or not isinstance(v, (int, float)):
+    return None
+  return v if v == v and abs(v) != float("inf") else None
+
+
+def _integer(v: Any) -> int | None:
+  return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _text(v: Any) -> str:
+  return v if isinstance(v, str) else ""
+
+
 def _best_so_far(part: str, metric) -> tuple[float | None, int | None]:
-  """The best validation value and step in a run's metrics.jsonl (for unfinished runs)."""
+  """The best validation value and step in a run's metrics.jsonl (for unfinished runs); lines
+  that are not records (damaged, cut short, not UTF-8) are passed over."""
   best, step = None, None
   try:
-    with open(os.path.join(part, "metrics.jsonl")) as f:
+    with open(os.path.join(part, "metrics.jsonl"), encoding="utf-8", errors="replace") as f:
       for line in f:
         try:
           r = json.loads(line)
         except ValueError:
           continue
-        v = r.get(metric[3]) if r.get("split") == "validation" else None
+        if not isinstance(r, dict) or r.get("split") != "validation":
+          continue
+        v = _number(r.get(metric[3]))
         if v is not None and (best is None or (v > best if metric[4] else v < best)):
-          best, step = v, r.get("step")
+          best, step = v, _integer(r.get("step"))
   except OSError:
     pass
   return best, step
 
 
+def _damaged(paths: Sequence[str]) -> str:
+  """The reason a run's results are not shown when one of `paths` (results.json files) exists
+  but holds no JSON object: '' when none does."""
+  for path in paths:
+    if os.path.exists(path) and run_state.read_dict(path) is None:
+      return (f"{path} is damaged (not a JSON object); rerun the same command to write it "
+              f"again")
+  return ""
+
+
 def read_run(root: str, run_dir: str) -> dict[str, Any]:
-  """One row of the table for the run in `run_dir`."""
+  """One row of the table for the run in `run_dir`; any file that is damaged or of another
+  shape than the trainer writes is shown as missing (`run_state.read_dict`, `_number`)."""
+  try:
+    return _read_run(root, run_dir)
+  except Exception as e:  # noqa: BLE001 - a listing never fails on one run's files
+    first = str(e).splitlines()[0][:200] if str(e) else ""
+    return {**{c: None for c in COLUMNS}, "_overrides": [], "overrides": "", "metric":
+            "accuracy", "steps": 0, "task": "", "attention": "", "size": "",
+            "run": os.path.relpath(run_dir, root) if run_dir != root else
+            os.path.basename(os.path.abspath(root)), "status": "failed",
+            "reason": f"its files could not be read ({type(e).__name__}: {first})"}
+
+
+def _read_run(root: str, run_dir: str) -> dict[str, Any]:
   record = run_state.read_record(run_dir)
   phase_names = run_state.phase_dirs(run_dir)
   staged = bool(phase_names) or bool(record.get("staged_phases"))
-  any_config = storage.read_json(os.path.join(run_dir, phase_names[0] if phase_names else "",
-                                              "config.json")) or {}
-  task = any_config.get("task") or record.get("task", "")
-  config_arg = any_config.get("config_arg") or record.get("config_arg", "")
+  any_config = run_state.read_dict(os.path.join(
+      run_dir, phase_names[0] if phase_names else "", "config.json")) or {}
+  task = _text(any_config.get("task")) or _text(record.get("task"))
+  config_arg = _text(any_config.get("config_arg")) or _text(record.get("config_arg"))
   try:   # the config the sweep asked for (else the default one), for what has not run yet
     planned = configs.build_config(task, arg=config_arg, overrides=[
         tuple(o) for o in record.get("overrides", [])])
-  except ValueError:
+  except (ValueError, KeyError, TypeError):
     planned = None
   schedule = (planned.get("phases") or ()) if planned is not None else ()
   staged = staged or bool(schedule)
   count = max(len(schedule), len(phase_names), 1) if staged else 1
   parts = [os.path.join(run_dir, f"phase{k}") for k in range(1, count + 1)] if staged else \
       [run_dir]
-  results = [storage.read_json(os.path.join(p, "results.json")) for p in parts]
-  cfgs = [storage.read_json(os.path.join(p, "config.json")) for p in parts]
+  results = [run_state.read_dict(os.path.join(p, "results.json")) for p in parts]
+  cfgs = [run_state.read_dict(os.path.join(p, "config.json")) for p in parts]
   current = max([i for i, c in enumerate(cfgs) if c] + [i for i, r in enumerate(results) if r]
                 + [0])
   config = cfgs[current] or {}
@@ -174,41 +216,48 @@ def read_run(root: str, run_dir: str) -> dict[str, Any]:
   except ValueError:   # an argument the task configs no longer take
     arg = config_arg_fields("")
   overrides = overrides_of(config, current, staged) if config else []
-  done_steps = sum(int(r.get("steps", 0)) for r in results if r)
+  done_steps = sum(_integer(r.get("steps")) or 0 for r in results if r)
   if results[current] is None:
     done_steps += (_finished_steps(os.path.join(parts[current], "checkpoints")) or [0])[-1]
   totals = [int(p["steps"]) for p in schedule] if staged else \
-      [int(config.get("num_train_steps", 0))]
-  kind = (config.get("model") or {}).get("attention", {}).get("kind")
+      [_integer(config.get("num_train_steps")) or 0]
+  model = config.get("model") if isinstance(config.get("model"), dict) else {}
+  attention = model.get("attention") if isinstance(model.get("attention"), dict) else {}
+  kind = _text(attention.get("kind"))
   row = {"run": os.path.relpath(run_dir, root) if run_dir != root else
          os.path.basename(os.path.abspath(root)),
          "task": task, "attention": kind or arg.attention,
          "size": arg.size, "overrides": " ".join(overrides),
-         "seed": config.get("seed"), "steps": done_steps, "total_steps": sum(totals) or None,
+         "seed": _integer(config.get("seed")), "steps": done_steps, "total_steps": sum(totals) or None,
          "metric": metric[0], "best_validation": None, "best_step": None, "test": None,
          "majority_class_rate": None, "params": None,
          "wall_seconds": None, "status": "", "reason": "", "_overrides": overrides}
   last = final or results[current]
   if last:
-    row.update(best_validation=last.get(metric[2]), best_step=last.get("best_validation_step"),
-               majority_class_rate=last.get("majority_class_rate"),
-               params=last.get("param_count"))
+    row.update(best_validation=_number(last.get(metric[2])),
+               best_step=_integer(last.get("best_validation_step")),
+               majority_class_rate=_number(last.get("majority_class_rate")),
+               params=_integer(last.get("param_count")))
   else:
     row["best_validation"], row["best_step"] = _best_so_far(parts[current], metric)
-  attempts = record.get("attempts") or []
-  exit_code = attempts[-1].get("exit_code") if attempts else None
+  attempts = [a for a in record.get("attempts") or [] if isinstance(a, dict)] \
+      if isinstance(record.get("attempts"), list) else []
+  exit_code = _integer(attempts[-1].get("exit_code")) if attempts else None
+  damaged = _damaged([os.path.join(p, "results.json") for p in parts])
   if final is not None:
-    row.update(status="finished", test=final.get(metric[1]), total_steps=done_steps,
-               wall_seconds=round(sum(float(r.get("wall_seconds_this_run", 0))
+    row.update(status="finished", test=_number(final.get(metric[1])), total_steps=done_steps,
+               wall_seconds=round(sum(_number(r.get("wall_seconds_this_run")) or 0.0
                                       for r in results if r), 1))
   elif run_state.live_pid(run_dir) is not None:
     row["status"] = "running"
-  elif record and not attempts and not any(cfgs):
+  elif record and not attempts and not any(cfgs) and not damaged:
     row["status"] = "pending"
   elif exit_code is not None:
     row["status"] = "failed" if exit_code > 0 and exit_code != 130 else "interrupted"
     if row["status"] == "failed":
-      row["reason"] = attempts[-1].get("last_line") or f"exit status {exit_code}"
+      row["reason"] = _text(attempts[-1].get("last_line")) or f"exit status {exit_code}"
+  elif damaged:   # as `lra sweep` sees it: not finished, so its rerun writes it again
+    row.update(status="interrupted", reason=damaged)
   else:
     logs = [os.path.join(p, "error.log") for p in (run_dir, *parts)]
     failed = [p for p in logs if os.path.exists(p)]
@@ -265,7 +314,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
                       _value(r["test"], r["metric"]),
                       "-" if r["params"] is None else f"{r['params']:,}",
                       _seconds(r["wall_seconds"]), r["status"])))
-  lines += [f"failed: {r['run']}: {r['reason']}" for r in rows if r["status"] == "failed"]
+  lines += [f"{r['status']}: {r['run']}: {r['reason']}" for r in rows if r["reason"]]
   return "\n".join(lines)
 
 

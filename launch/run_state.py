@@ -42,17 +42,27 @@ def phase_dirs(path: str) -> list[str]:
   return sorted(names, key=lambda n: int(n[5:]))
 
 
+def read_dict(path: str) -> dict[str, Any] | None:
+  """The JSON object in file `path`; None when it is missing or is not one (not UTF-8, not
+  JSON, or JSON of another shape): never raises, so that any file can be listed."""
+  try:
+    value = storage.read_json(path)
+  except (OSError, ValueError):
+    return None
+  return value if isinstance(value, dict) else None
+
+
 def finished(run_dir: str, staged_phases: int = 0) -> bool:
-  """Whether the run has its results: `results.json`, or the last phase's for a staged one
-  (`staged_phases`: the number of phases of a staged config, 0 for none)."""
+  """Whether the run has its results: a `results.json` holding a JSON object, or the last
+  phase's for a staged one (`staged_phases`: the number of phases of a staged config, 0 for
+  none). A damaged one does not count: rerunning the run writes it again."""
   parts = [f"phase{staged_phases}"] if staged_phases else []
-  return storage.exists(storage.join(run_dir, *parts, "results.json"))
+  return read_dict(storage.join(run_dir, *parts, "results.json")) is not None
 
 
 def read_record(run_dir: str) -> dict[str, Any]:
-  """The sweep's record of the run (`sweep.json`), {} when there is none."""
-  record = storage.read_json(os.path.join(run_dir, RECORD))
-  return record if isinstance(record, dict) else {}
+  """The sweep's record of the run (`sweep.json`), {} when there is none (or it is damaged)."""
+  return read_dict(os.path.join(run_dir, RECORD)) or {}
 
 
 def _runs(pid: int, command_has: str) -> bool:
@@ -97,12 +107,13 @@ def last_line(path: str) -> str:
 def finished_results(run_dir: str) -> dict[str, Any] | None:
   """The results of a finished (unstaged) run in `run_dir`: its `results.json`, when it parses
   to a record of the steps that `config.json` asks for; None otherwise (not started, running,
-  or continuing to a higher step count, whose results.json is the shorter run's)."""
-  results = storage.read_json(storage.join(run_dir, "results.json"))
-  if not isinstance(results, dict) or not isinstance(results.get("steps"), int):
+  or continuing to a higher step count, whose results.json is the shorter run's; a damaged
+  results.json, which the rerun writes again)."""
+  results = read_dict(storage.join(run_dir, "results.json"))
+  if results is None or not isinstance(results.get("steps"), int):
     return None
-  saved = storage.read_json(storage.join(run_dir, "config.json"))
-  if isinstance(saved, dict) and saved.get("num_train_steps") != results["steps"]:
+  saved = read_dict(storage.join(run_dir, "config.json"))
+  if saved is not None and saved.get("num_train_steps") != results["steps"]:
     return None
   return results
 

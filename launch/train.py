@@ -156,6 +156,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   """Trains; returns the process exit status (130 when interrupted by Ctrl-C)."""
   try:  # a bad name, override or value: say which in one line, before any heavy import
+    _check_names(args)
     config = configs.build_config(args.task, attention=args.attention, size=args.size,
                                   arg=args.arg, overrides=overrides)
     check_config(config)
@@ -173,6 +174,11 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     print(tasks_lib.get_task(config.task).result_line(
         stored, storage.join(storage.resolve(workdir), "results.json")), flush=True)
     return 0
+  try:   # where the run writes (a finished run above may be shown from a read-only one)
+    _check_workdir(workdir)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   if rerun == "more":
     print(f"Continuing the finished run in {workdir} from step {stored['steps']} to "
           f"{config.num_train_steps} (num_train_steps: {stored['steps']} -> "
@@ -218,6 +224,41 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     return 130
   print(task.result_line(results, phases.results_path(workdir, results)), flush=True)
   return 0
+
+
+def _check_names(args: argparse.Namespace) -> None:
+  """An empty `--attention` or `--size` is refused (not taken for the default)."""
+  for flag, what in (("attention", "an attention kind (`lra list` lists them)"),
+                     ("size", "one of the task's sizes (`lra run --help` lists them)")):
+    value = getattr(args, flag, None)
+    if value is not None and not str(value).strip():
+      raise ValueError(f"--{flag} is empty: give {what}, or leave the flag out for the "
+                       f"task's default.")
+
+
+def _check_workdir(workdir: str) -> None:
+  """A local workdir must be a folder this process can create and write in: a file, or a
+  folder under a read-only or virtual file system (/proc), is refused in one line."""
+  if storage.is_remote(workdir):
+    return
+  path = storage.resolve(workdir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"--workdir {workdir} is a file, not a folder: pass a folder for the "
+                     f"run's files.")
+  existing = path   # nothing is created here: the nearest existing folder is probed
+  while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+    existing = os.path.dirname(existing)
+  probe = os.path.join(existing, f".lra-write-check-{os.getpid()}")
+  try:
+    if not os.path.isdir(existing):
+      raise NotADirectoryError(20, f"{existing} is a file")
+    with open(probe, "w") as f:
+      f.write("")
+    os.remove(probe)
+  except OSError as e:
+    reason = e.strerror or type(e).__name__
+    raise ValueError(f"--workdir {workdir} cannot be written ({reason}): pass a folder that "
+                     f"this user can create and write in.") from None
 
 
 def _rerun(config: ml_collections.ConfigDict, workdir: str) -> tuple[str, Any]:

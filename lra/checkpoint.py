@@ -39,7 +39,14 @@ TMP_MARKER = ocp.path.step.TMP_DIR_SUFFIX   # of a step being written to a local
 CHECKSUMS = "checksums"                # key of the state's checksums in the `data` item
 
 class CheckpointError(RuntimeError):
-  """The workdir has checkpoints but none of them can be restored."""
+  """The workdir has checkpoints but none of them can be restored. `errors`: why each step
+  could not be, when the exception lists them (`CheckpointError(errors, message)`)."""
+
+  def __init__(self, *args: Any):
+    self.errors: list[str] = []
+    if len(args) == 2 and isinstance(args[0], list):
+      self.errors, args = args[0], args[1:]
+    super().__init__(*args)
 
 
 def _words(x: jax.Array) -> jax.Array:
@@ -66,6 +73,23 @@ def _leaf_sums(leaves: list) -> jax.Array:
     sums.append(jnp.stack([jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * weights, dtype=jnp.uint32),
                            jnp.uint32(w.shape[0])]))
   return jnp.stack(sums) if sums else jnp.zeros((0, 3), jnp.uint32)      # [leaves, 3]
+
+
+@jax.jit
+def _all_finite(leaves: list) -> jax.Array:
+  ok = [jnp.all(jnp.isfinite(x)) for x in leaves
+        if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(ok)) if ok else jnp.bool_(True)
+
+
+def non_finite(state: Any, data_state: Any = None) -> bool:
+  """Whether any floating array of `state` (one jitted reduction on device) or any float of
+  `data_state` (the metric sums) is NaN or infinite."""
+  floats = [x for x in jax.tree.leaves(data_state) if isinstance(x, float)]
+  if any(not np.isfinite(x) for x in floats):
+    return True
+  return not bool(np.asarray(jax.device_get(
+      _all_finite(jax.tree.leaves(state)).addressable_data(0))))
 
 
 def fingerprint(tree: Any) -> str:
@@ -215,11 +239,21 @@ class Checkpointer:
     return self.every > 0 and step % self.every == 0
 
   def save(self, step: int, state: Any, data_state: dict, *, force: bool = False) -> bool:
-    """Saves when `step` is on the period (or `force`); returns whether it saved."""
+    """Saves when `step` is on the period (or `force`); returns whether it saved. A state
+    holding NaN or infinite values is never saved: FloatingPointError, one line saying which
+    step a rerun resumes from."""
     if not force and not self.due(step):
       return False
     if step in self.manager.all_steps():
       return False
+    if non_finite(state, data_state):
+      kept = self.steps()
+      since = (f"it resumes from the last checkpoint, step {kept[-1]}" if kept else
+               "it starts from step 0, as no checkpoint was saved before")
+      raise FloatingPointError(
+          f"training diverged: the train state at step {step} holds NaN or infinite values, "
+          f"so it was not saved; rerun with a lower --config.learning_rate (or "
+          f"--config.grad_clip): {since}.")
     data_state = {**data_state, CHECKSUMS: checksums(state)}
     with _quiet_save():
       self.manager.save(step, args=ocp.args.Composite(
@@ -227,10 +261,12 @@ class Checkpointer:
       self.manager.wait_until_finished()
     return True
 
-  def restore_latest(self, abstract_state: Any) -> tuple[Any, dict, int] | None:
+  def restore_latest(self, abstract_state: Any, *, warn: bool = True
+                     ) -> tuple[Any, dict, int] | None:
     """Restores the newest restorable step as (state, data_state, step), or None if none exist.
 
-    `abstract_state` is a pytree of `jax.ShapeDtypeStruct`s with shardings: the target.
+    `abstract_state` is a pytree of `jax.ShapeDtypeStruct`s with shardings: the target. Each
+    step that fails is reported in a line (unless not `warn`), and the previous one is tried.
     """
     steps = self.steps()
     if not steps:
@@ -257,15 +293,23 @@ class Checkpointer:
       except Exception as e:  # noqa: BLE001 - any failure means: try the previous step
         cause = str(e).splitlines()[0][:300] if str(e) else ""
         errors.append(f"step {step}: {type(e).__name__}: {cause}")
+        if not warn:
+          continue
         print(f"WARNING: checkpoint step {step} in {self.directory} cannot be used ("
               f"{errors[-1]}); trying the previous step.", flush=True)
         continue
       return restored["state"], data_state, step
     raise CheckpointError(
-        f"none of the checkpoints in {self.directory} (steps {steps}) could be restored (see "
-        f"the warnings above): the config or code may have changed shapes since they were "
-        f"written, or the files are damaged. Use a fresh --workdir, or delete the checkpoints "
-        f"to start from scratch.")
+        errors,
+        f"none of the checkpoints in {self.directory} (steps {steps}) could be restored ("
+        f"{'see the warnings above' if warn else '; '.join(errors)}): the config or code may "
+        f"have changed shapes since they were written, or the files are damaged. Rerun with "
+        f"the config that wrote them, or use a fresh --workdir.")
+
+  def restore_params(self, step: int, abstract_params: Any) -> Any:
+    """The parameters of `step` alone (partial restore), checked against their checksums;
+    CheckpointError when they cannot be read or do not match."""
+    return _restore_params(self.manager, step, abstract_params, self.directory)
 
   def close(self) -> None:
     self.manager.wait_until_finished()
@@ -298,7 +342,19 @@ def load_params(directory: str, abstract_params: Any) -> tuple[Any, int]:
     raise CheckpointError(
         f"config.init_from = {directory} holds no finished checkpoint to initialise from; "
         f"finish that run first or clear init_from.")
+  try:
+    return _restore_params(manager, step, abstract_params, directory, "config.init_from"), step
+  finally:
+    manager.close()
+
+
+def _restore_params(manager: Any, step: int, abstract_params: Any, directory: str,
+                    source: str = "") -> Any:
+  """The `params` of `step` in `manager`'s directory (partial restore), checked against the
+  checksums saved with them; CheckpointError naming the directory (and `source`, the config
+  field that named it) otherwise."""
   target = {"params": abstract_params}
+  named = f" ({source})" if source else ""
   try:
     with _quiet_orbax():
       restored = manager.restore(step, args=ocp.args.Composite(
@@ -308,17 +364,14 @@ def load_params(directory: str, abstract_params: Any) -> tuple[Any, int]:
           data=ocp.args.JsonRestore()))
   except Exception as e:  # noqa: BLE001 - report which directory and why, whatever failed
     raise CheckpointError(
-        f"could not read the parameters of step {step} in {directory} (config.init_from): "
+        f"could not read the parameters of step {step} in {directory}{named}: "
         f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}. The model "
         f"config must match that run's (parameter shapes may not depend on the sequence "
         f"length).") from e
-  finally:
-    manager.close()
   params = restored["state"]["params"]
   saved = (restored["data"] or {}).get(CHECKSUMS, {}).get("params")
   if saved is not None and saved != fingerprint(params):
     raise CheckpointError(
-        f"the parameters of step {step} in {directory} (config.init_from) do not match the "
-        f"checksums saved with them (damaged files); rerun that run's last phase or restore "
-        f"its files.")
-  return params, step
+        f"the parameters of step {step} in {directory}{named} do not match the checksums "
+        f"saved with them (damaged files); rerun that run's last phase or restore its files.")
+  return params

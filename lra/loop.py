@@ -124,9 +124,63 @@ class Run:
       self.state = {**self.state, "params": self._initial_params()}
     self.best = {"accuracy": -1.0, "step": -1}
     if self.best_ckpt.steps():
-      best = self.best_ckpt.restore_latest({"params": self._abstract_params()})
+      try:
+        best = self.best_ckpt.restore_latest({"params": self._abstract_params()}, warn=False)
+      except checkpoint.CheckpointError as e:
+        self._rebuild_best(e)
+        return
       if best is not None:
         self.best = best[1]["best"]
+
+  def _rebuild_best(self, error: checkpoint.CheckpointError) -> None:
+    """A `best/` that cannot be restored while the train state could: it is moved aside to
+    `best.damaged/`, and the best is rebuilt from the best validation record whose parameters
+    a training checkpoint still holds (the restored step's included); with none, the next
+    evaluation saves the best. One warning line."""
+    damaged = storage.join(self.workdir, "best.damaged")
+    if jax.process_index() == 0:
+      storage.makedirs(damaged)
+      for step in self.best_ckpt.steps():
+        source = storage.join(self.best_ckpt.directory, str(step))
+        target = storage.join(damaged, str(step))
+        storage.rmtree(target)
+        storage.replace(source, target)
+    multihost_utils.sync_global_devices("lra best moved aside")
+    self.best_ckpt.manager.reload()
+    cause = "; ".join(error.errors) or str(error)
+    best, params = self._best_from_records(), None
+    if best is not None:
+      params = self.state["params"] if best["step"] == self.start_step else \
+          self.ckpt.restore_params(best["step"], self._abstract_params())
+      self.best = best
+      self.best_ckpt.save(best["step"], {"params": params}, {"best": best}, force=True)
+      rebuilt = (f"rebuilt from step {best['step']} of {self.ckpt.directory} (validation "
+                 f"accuracy {best['accuracy']:.4f})")
+    else:
+      rebuilt = "rebuilt at the next evaluation"
+    print(f"WARNING: the best checkpoint in {self.best_ckpt.directory} cannot be used ({cause}); "
+          f"it was moved to {damaged}, and the best is {rebuilt}.", flush=True)
+
+  def _best_from_records(self) -> dict[str, Any] | None:
+    """The best validation record up to the restored step (by the task's rule, as `validate`
+    chose it) among the steps whose parameters can be restored: the restored step, or a
+    training checkpoint's; None when there is none."""
+    start, total = self.start_step, self.total_steps
+    try:
+      records = metrics.read_metrics(self.workdir)
+    except ValueError:
+      return None
+    available = set(self.ckpt.steps())
+    best = {"accuracy": -1.0, "step": -1}
+    for r in records:
+      if r.get("split") != "validation" or not (
+          r["step"] < start or (r["step"] == start and start < total)):
+        continue
+      if r["step"] != start and r["step"] not in available:
+        continue
+      if self.task.better(r, best):
+        best = {"accuracy": r["accuracy"], "step": r["step"], "loss": r["loss"]}
+    return None if best["step"] < 0 else best
 
   def _stored_results(self) -> dict[str, Any] | None:
     """The results.json of this run finished at `total_steps`, or None."""

@@ -56,6 +56,12 @@ def at_least(low: int) -> Rule:
   return (lambda v: _is_int(v) and v >= low), text
 
 
+MAX_STEPS = 2**31 - 1   # the train state's step counter is an int32
+# Fields that count steps: beside their FIELDS rule, at most MAX_STEPS.
+STEP_FIELDS = ("num_train_steps", "log_every", "eval_every", "checkpoint_every", "warmup_steps",
+               "pretrain.steps")
+
+
 def number(low: float, high: float | None = None, *, strict: bool = False) -> Rule:
   """A finite number >= low (> low when strict), and < high when given."""
   if high is not None:
@@ -173,6 +179,11 @@ def _check_fields(config: ml_collections.ConfigDict, prefix: str = "") -> None:
       value = _get(config, field)
       if value is not _MISSING:
         _refuse(f"config.{field}", value, rule, meaning)
+  for field in STEP_FIELDS:
+    value = _get(config, field) if field.startswith(prefix) else _MISSING
+    if _is_int(value) and value > MAX_STEPS:
+      raise ValueError(f"config.{field} = {value}: must be at most {MAX_STEPS} (the train "
+                       f"state's step counter is int32).")
 
 
 def _check_heads(model: Any) -> None:

@@ -11,6 +11,9 @@ Local and remote paths differ in what they can do atomically:
   * remote: an object upload is atomic by itself (the object changes when the upload ends), and
     objects cannot be appended to, so writers keep the lines they wrote and upload the whole
     file again (`LineFile`); renames are a copy and a delete.
+A line file's last line cut short (a writer killed while appending it) is dropped before the
+next line is added, locally as remotely. A file that is not UTF-8 text, or not JSON where JSON
+is read, raises a one-line ValueError naming it (`read_text`, `read_json`).
 Only process 0 writes the shared files (the callers check `jax.process_index()`).
 """
 
@@ -70,9 +73,19 @@ def rmtree(path: Any) -> None:
 
 
 def read_text(path: Any) -> str | None:
-  """The file's text, or None when it does not exist."""
+  """The file's text, or None when it does not exist. A file that is not UTF-8 text raises a
+  one-line ValueError naming it and the first bad byte."""
   p = epath.Path(path)
-  return p.read_text() if p.exists() else None
+  if not p.exists():
+    return None
+  data = p.read_bytes()
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise ValueError(f"{os.fspath(path)} is not UTF-8 text (byte 0x{data[e.start]:02x} on line "
+                     f"{line}): a damaged file; repair that line, or move the file away "
+                     f"(the run then writes it afresh).") from None
 
 
 def write_text(path: Any, text: str) -> None:
@@ -95,7 +108,13 @@ def write_json(path: Any, obj: Any) -> None:
 def read_json(path: Any) -> Any:
   """The parsed file, or None when it does not exist."""
   text = read_text(path)
-  return None if text is None else json.loads(text)
+  if text is None:
+    return None
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{os.fspath(path)} is not valid JSON (line {e.lineno} column {e.colno}: "
+                     f"{e.msg}): a damaged file; repair it, or move it away.") from None
 
 
 def append_text(path: Any, text: str) -> None:
@@ -116,6 +135,29 @@ def replace(src: Any, dst: Any) -> None:
     os.replace(src, dst)
 
 
+def _drop_partial_line(path: str) -> None:
+  """Truncates a local file after its last newline: a line cut short (a writer killed while
+  appending it) is removed, so the next line starts on a line of its own."""
+  try:
+    f = open(path, "rb+")
+  except FileNotFoundError:
+    return
+  with f:
+    size = f.seek(0, os.SEEK_END)
+    end = size
+    while end > 0:
+      start = max(0, end - 65536)
+      f.seek(start)
+      chunk = f.read(end - start)
+      cut = chunk.rfind(b"\n")
+      if cut >= 0:
+        end = start + cut + 1
+        break
+      end = start
+    if end != size:
+      f.truncate(end)
+
+
 class LineFile:
   """A text file that grows by lines (metrics.jsonl). Locally each line is appended in place;
   remotely, where objects cannot grow, the file's lines are kept and uploaded whole each time
@@ -124,10 +166,14 @@ class LineFile:
   def __init__(self, path: Any):
     self.path = os.fspath(path)
     self.remote = is_remote(self.path)
-    self._lines: list[str] | None = None   # remote only: the file's lines, read once
+    # Remote: the file's lines, read once; local: [] once the file's end was checked.
+    self._lines: list[str] | None = None
 
   def append(self, line: str) -> None:
     if not self.remote:
+      if self._lines is None:   # once: a last line cut short is dropped, as remotely
+        _drop_partial_line(self.path)
+        self._lines = []
       with open(self.path, "a") as f:
         f.write(line + "\n")
       return
