@@ -20,11 +20,16 @@ multi-process job starts up: jax.distributed, the preflight's compilation) a pen
 instead of the end of the process: the next StopRequest entered takes it as its first signal.
 lra/mesh.py calls it around `jax.distributed.initialize`, whose preemption notifier would
 otherwise swallow the SIGTERM, so that a job signalled during start-up stops with all its
-processes instead of leaving the others waiting in a collective.
+processes instead of leaving the others waiting in a collective. From its first call on, SIGTERM
+is also ignored once the process exits (an `atexit` function): a process that has stopped
+cleanly, saved and is tearing down (jax.distributed's shutdown barrier, the runtime's
+destructors, after Python has put back the default handlers) is not killed by a SIGTERM that
+reaches it late, as a cluster's signal reaches its tasks seconds apart.
 """
 
 from __future__ import annotations
 
+import atexit
 import signal
 import threading
 from typing import Callable
@@ -45,10 +50,24 @@ def _hold(signum: int, frame=None) -> None:
   _held.append(signum)
 
 
+def _ignore_sigterm() -> None:
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+_at_exit: list[bool] = []
+
+
 def hold_early() -> None:
-  """From now until a StopRequest is entered, SIGTERM is held for it (main thread only)."""
+  """From now until a StopRequest is entered, SIGTERM is held for it, and from the process's
+  exit on it is ignored (main thread only)."""
   if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGTERM, _hold)
+    if not _at_exit:
+      # atexit runs last what it was given first: after jax.distributed's shutdown, which
+      # registers later, and before Python restores the default handlers (SIG_IGN stays).
+      atexit.register(_ignore_sigterm)
+      _at_exit.append(True)
 
 
 def _raise_interrupt(signum: int) -> None:

@@ -1,7 +1,10 @@
 """Tests for lra/signals.py: the first SIGINT or SIGTERM asks to stop, a second Ctrl-C stops at
 once, a second SIGTERM changes nothing, and the handlers are put back afterwards."""
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -60,3 +63,22 @@ def test_a_sigterm_held_since_start_up_is_the_first_request(capsys):
       assert not stop.requested
   finally:
     signal.signal(signal.SIGTERM, before)
+
+
+def test_a_sigterm_while_the_process_exits_is_ignored_after_hold_early(tmp_path):
+  """A task that stopped cleanly and is tearing down is not killed by a late SIGTERM: the check
+  below is registered with atexit before hold_early, so it runs after hold_early's own."""
+  child = (
+      "import atexit, signal, sys\n"
+      "def late():\n"
+      "  print('ignored' if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN else 'handled',"
+      " flush=True)\n"
+      "  signal.raise_signal(signal.SIGTERM)\n"
+      "atexit.register(late)\n"
+      "from lra import signals\n"
+      "signals.hold_early()\n"
+      "signals.hold_early()\n"   # a second call registers nothing more
+      "sys.exit(130)\n")
+  out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert (out.returncode, out.stdout) == (130, "ignored\n"), out.stderr

@@ -107,10 +107,16 @@ def test_data_by_tensor_mesh_matches_one_device(data_dir, tmp_path):
 @pytest.mark.slow
 def test_rerun_of_a_finished_run_does_not_train_again(data_dir, tmp_path):
   config = tiny_config(data_dir)
-  train.train_and_evaluate(config, str(tmp_path))
-  again = train.train_and_evaluate(config, str(tmp_path))
+  first = train.train_and_evaluate(config, str(tmp_path))
+  stored = (tmp_path / "results.json").read_bytes()
+  steps = []
+  again = train.train_and_evaluate(config, str(tmp_path), hooks=[steps.append])
+  assert steps == []   # no training step ran
   assert [step for step, _ in train_losses(str(tmp_path))] == [1, 2]
-  assert not again["interrupted"] and again["train_step_traces"] == 0
+  assert (tmp_path / "results.json").read_bytes() == stored
+  assert not again["interrupted"]
+  assert {k: v for k, v in again.items() if k not in ("state", "interrupted")} == \
+      {k: v for k, v in first.items() if k not in ("state", "interrupted")}
 
 
 @pytest.mark.slow
