@@ -27,6 +27,7 @@ its value fails in one line (`error: ...`, exit status 2) before anything heavy 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from typing import Sequence
 
@@ -35,6 +36,7 @@ from launch import dispatch
 from launch import results as results_launcher
 from launch import sweep as sweep_launcher
 from launch import train as train_launcher
+from launch.remote import LaunchError, OneLineParser
 from launch.values import flag_spelling
 
 
@@ -90,9 +92,21 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as e:  # a `--config.x` without its value
     print(f"error: {e}", file=sys.stderr)
     return 2
-  parser = argparse.ArgumentParser(prog="lra", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  sub = parser.add_subparsers(dest="command", required=True)
+  try:
+    return _command(rest, overrides)
+  except LaunchError as e:   # argparse's own refusals (usage), in one line as every other
+    command = str(e).split(":", 1)[0]
+    print(f"error: {str(e).rstrip('.')} (`{command} --help` lists the flags).",
+          file=sys.stderr)
+    return 2
+
+
+def _command(rest: Sequence[str], overrides: list[tuple[str, str]]) -> int:
+  """Parses and runs one command; argparse's errors are raised as LaunchError."""
+  parser = OneLineParser(prog="lra", description=__doc__, allow_abbrev=True,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest="command", required=True,
+                              parser_class=functools.partial(OneLineParser, allow_abbrev=True))
   train_launcher.add_run_arguments(sub.add_parser(
       "run", help="train and evaluate a task", description=train_launcher.RUN_HELP,
       epilog=train_launcher.RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter))
@@ -105,10 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
   sub.add_parser("launch", help="run on a TPU pod (launch tpu) or a SLURM cluster (launch "
                                 "slurm); see `lra launch tpu --help`", add_help=False)
   data_launcher.add_arguments(sub.add_parser("data", help="dataset status and preparation"))
-  args = parser.parse_args(rest)
+  args, extra = parser.parse_known_args(rest)
+  if extra:   # named by the command they were given to, not by `lra`
+    raise LaunchError(f"lra {args.command}: unrecognized arguments: {' '.join(extra)}")
   if args.command == "data":
     return data_launcher.run(args, overrides)
   if args.command == "sweep":
+    try:
+      train_launcher.check_workdir(args.workdir)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
     return sweep_launcher.run(args, overrides)
   if args.command in ("list", "results"):
     if overrides:

@@ -175,7 +175,7 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
         stored, storage.join(storage.resolve(workdir), "results.json")), flush=True)
     return 0
   try:   # where the run writes (a finished run above may be shown from a read-only one)
-    _check_workdir(workdir)
+    check_workdir(workdir)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -236,7 +236,7 @@ def _check_names(args: argparse.Namespace) -> None:
                        f"task's default.")
 
 
-def _check_workdir(workdir: str) -> None:
+def check_workdir(workdir: str) -> None:
   """A local workdir must be a folder this process can create and write in: a file, or a
   folder under a read-only or virtual file system (/proc), is refused in one line."""
   if storage.is_remote(workdir):

@@ -83,6 +83,10 @@ def _model_choice(setting: str) -> tuple[str, Rule, str]:
 
 
 POSITIVE, NON_NEGATIVE = at_least(1), at_least(0)
+# lra/data/pathfinder.py DIFFICULTIES and lra/data/text.py VALIDATION_CHOICES (the data modules
+# import numpy and tfds; tests/schema_test.py checks that the names agree).
+PATHFINDER_DIFFICULTIES = ("easy", "intermediate", "hard")
+TEXT_VALIDATIONS = ("test", "holdout")
 
 # (field, rule, what the field means)
 FIELDS: tuple[tuple[str, Rule, str], ...] = (
@@ -122,6 +126,26 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("model.rotary_base", number(0, strict=True), "the base of the rotary frequencies; the "
      "longest wavelength is 2 pi base tokens"),
     _model_choice("pool"),
+    # The data fields of the generated and split tasks (each only where the task has it;
+    # before max_length, which some of them set: Pathfinder's is resolution squared).
+    ("data.num_train", POSITIVE, "generated training examples"),
+    ("data.num_val", POSITIVE, "generated validation examples"),
+    ("data.num_test", POSITIVE, "generated test examples"),
+    ("data.seed", NON_NEGATIVE, "the seed of the data generator"),
+    ("data.gen_min_length", NON_NEGATIVE, "ListOps examples are longer than this many tokens"),
+    ("data.gen_max_length", POSITIVE, "ListOps examples are shorter than this many tokens"),
+    ("data.max_depth", POSITIVE, "the depth of ListOps trees (the root is at depth 1)"),
+    ("data.max_args", at_least(2), "the most arguments of a ListOps operator"),
+    ("data.num_generated", POSITIVE, "Pathfinder images generated per split set"),
+    ("data.resolution", POSITIVE, "the Pathfinder image side in pixels"),
+    ("data.generator_seed", NON_NEGATIVE, "the seed of the Pathfinder generator"),
+    ("data.difficulty", one_of(*PATHFINDER_DIFFICULTIES), "the Pathfinder contour difficulty"),
+    ("data.validation", one_of(*TEXT_VALIDATIONS), "the text task's validation split: LRA's "
+     "test split, or a held-out part of train"),
+    ("data.holdout_fraction", (lambda v: _is_number(v) and 0 < v < 1, "must be a number in "
+     "(0, 1)"), "the fraction of the train reviews held out for validation"),
+    ("data.holdout_seed", NON_NEGATIVE, "the seed of the held-out reviews"),
+    ("data.doc_bytes", POSITIVE, "bytes kept of each retrieval document"),
     ("data.max_length", POSITIVE, "tokens per training sequence"),
     ("data.eval_length", NON_NEGATIVE, "the evaluation window; 0 means data.max_length"),
     ("data.eval_context", NON_NEGATIVE, "tokens of context before each scored evaluation span"),
@@ -184,6 +208,12 @@ def _check_fields(config: ml_collections.ConfigDict, prefix: str = "") -> None:
     if _is_int(value) and value > MAX_STEPS:
       raise ValueError(f"config.{field} = {value}: must be at most {MAX_STEPS} (the train "
                        f"state's step counter is int32).")
+  if "data.".startswith(prefix) or prefix.startswith("data."):
+    low, high = _get(config, "data.gen_min_length"), _get(config, "data.gen_max_length")
+    if _is_int(low) and _is_int(high) and high - low < 2:
+      raise ValueError(f"config.data.gen_max_length = {high}: must be at least "
+                       f"config.data.gen_min_length + 2 = {low + 2} (examples are kept when "
+                       f"gen_min_length < tokens < gen_max_length).")
 
 
 def _check_heads(model: Any) -> None:
