@@ -1,0 +1,257 @@
+"""Block-sparse layouts (BigBird, Sparse Transformer, block-local, block-sparse) as a Pallas GPU
+kernel: the `pallas` backend of those kinds.
+
+A sibling of `attention.pallas_band` (same Triton style: `pallas_call`, `pl.BlockSpec`, a grid of
+programs, interpret mode where there is no GPU) for the kinds whose pattern is a block mask. Each
+kind's function here has exactly the keyword interface of the kind's portable (`xla`) function,
+plus `interpret` (None: Pallas's interpreter when `jax.default_backend() != "gpu"`, which is how
+the tests run it) and the kernel's tiles `block_q`, `block_k` (powers of two >= 16, default 64,
+reduced to fit short sequences). The kind's own block parameters keep their meaning (the pattern);
+the xla compute block of `sparse` (`block_size`) is checked and ignored.
+
+The pattern. Each head's allowed pairs are one `attention.splash_masks` pattern object, the same
+ones the splash backend uses (`BigBird` and `block_sparse` are `LayoutPattern`s, one per head for
+BigBird's per-head random blocks; `StridedPattern`, `FixedPattern` with per-head summary offsets,
+`BlockLocalPattern`), so the two backends share one description of each kind. Their tile
+classification (`splash_masks`: every `[block_q, block_k]` tile empty, full or partial, partial
+tiles deduplicated by content, from the pattern's rule at tile granularity, never an `L x L`
+array) is turned here, in numpy, once per static configuration (cached), into lists:
+  * per (head, query tile): the key tiles to visit, padded with -1 to a power of two, and for
+    each the index of its tile in a small table of distinct boolean tiles (entry 0: all ones, for
+    full tiles);
+  * per (head, key tile): the query tiles that visit it, the transposed lists, for dk/dv.
+Global rows and columns (BigBird's global blocks, `fixed`'s summary columns) are nothing special:
+a global query tile simply lists every key tile. Causality is part of the pattern.
+
+The kernels (`attention.pallas_block_sparse_kernel`): forward, grid (B * H, query tiles), online
+softmax over the program's list (float32 statistics, whatever the input dtype), keys and values
+loaded at offsets read from the list; backward as FlashAttention-2 (custom_vjp, the forward
+saves its output and log-sum-exp): a dq kernel over the same lists and a dk/dv kernel over the
+transposed ones. Padding (of the length to a multiple of the tiles, of the head dimension to a
+power of two >= 16) is the only copy; padded and masked keys are a per-key validity vector.
+A query with no allowed real key outputs 0, as the xla path and `dot_product_attention` do (a
+block layout can leave a query block with nothing; padding can empty a row); padded queries
+output 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attention import masks, splash_masks, validation
+from attention import pallas_block_sparse_kernel as kernel
+from attention.block_sparse import check_layout
+from attention.splash_masks import Pattern
+
+# Smallest matmul side (and tile) Triton takes; every block shape is a power of two.
+MIN_TILE = 16
+DEFAULT_BLOCK = 64
+
+
+def _pow2(x: int) -> int:
+  return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _positive_int(name: str, value) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f"{name} must be a positive int, got {value!r}.")
+  return int(value)
+
+
+def _block(name: str, value) -> int:
+  if value is None:
+    return DEFAULT_BLOCK
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < MIN_TILE \
+      or value & (value - 1):
+    raise ValueError(
+        f"{name} must be a power of two >= {MIN_TILE} (a Triton tile side) or None, "
+        f"got {value!r}.")
+  return int(value)
+
+
+class Lists(NamedTuple):
+  """The tile lists of one static configuration (numpy, int32 lists and an int8 table)."""
+  fwd_idx: np.ndarray   # [H, nq, W]: key tiles each query tile visits, then -1
+  fwd_tid: np.ndarray   # [H, nq, W]: their entries in `tiles`
+  bwd_idx: np.ndarray   # [H, nk, Wt]: query tiles that visit each key tile, then -1
+  bwd_tid: np.ndarray   # [H, nk, Wt]
+  tiles: np.ndarray     # [T, bq, bk]: entry 0 all ones (full tiles), then the partial tiles
+
+
+def _compact(cls: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Visited tiles of `cls [H, n, m]` (> 0) first, in order, as `[H, n, W]` index lists padded
+  with -1 to a power of two W, and their table entries from `tid`."""
+  visit = cls > 0
+  width = max(MIN_TILE, _pow2(int(visit.sum(axis=-1).max(initial=0))))
+  order = np.argsort(~visit, axis=-1, kind="stable")[..., :width]
+  take = order.shape[-1]
+  idx = np.full(cls.shape[:2] + (width,), -1, np.int32)
+  ids = np.zeros(cls.shape[:2] + (width,), np.int32)
+  hit = np.take_along_axis(visit, order, axis=-1)
+  idx[..., :take] = np.where(hit, order, -1)
+  ids[..., :take] = np.where(hit, np.take_along_axis(tid, order, axis=-1), 0)
+  return idx, ids
+
+
+def padded_length(length: int, bq: int, bk: int) -> int:
+  """The length the kernels run on: `length` rounded up to a multiple of both tiles."""
+  return -(-length // max(bq, bk)) * max(bq, bk)
+
+
+@functools.lru_cache(maxsize=32)
+def tile_lists(patterns: tuple[Pattern, ...], length: int, bq: int, bk: int) -> Lists:
+  """The lists of one pattern per head over `length` positions, padded to `padded_length`.
+
+  Tiles that hold no allowed pair are not listed: the all-masked tile splash_masks gives a row
+  of tiles with nothing allowed (splash needs one per row; here such a row's list is empty and
+  its queries output 0), and every tile lying wholly in the padding past `length`.
+  """
+  padded = padded_length(length, bq, bk)
+  nq, nk = padded // bq, padded // bk
+  # splash_masks' classification: class 0 empty, 1 partial (ids: its stored tile), 2 full.
+  cls, ids, stored, head_to_unique = splash_masks._classify(patterns, nq, nk, nk, bq, bk)
+  cls, ids = cls[head_to_unique], ids[head_to_unique]
+  if stored:
+    blank = np.array([not t.any() for t in stored])
+    cls = np.where((cls == 1) & blank[np.maximum(ids, 0)], 0, cls)
+  cls[:, np.arange(nq) * bq >= length, :] = 0
+  cls[:, :, np.arange(nk) * bk >= length] = 0
+  tid = np.where(cls == 1, ids + 1, 0).astype(np.int32)
+  tiles = np.stack([np.ones((bq, bk), bool)] + list(stored)).astype(np.int8)
+  fwd_idx, fwd_tid = _compact(cls, tid)
+  bwd_idx, bwd_tid = _compact(cls.transpose(0, 2, 1), tid.transpose(0, 2, 1))
+  return Lists(fwd_idx, fwd_tid, bwd_idx, bwd_tid, tiles)
+
+
+@functools.partial(jax.jit, static_argnames=("patterns", "block_q", "block_k", "interpret"))
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
+            patterns: tuple[Pattern, ...], block_q: int, block_k: int,
+            interpret: bool) -> jax.Array:
+  b_, length, h, d = q.shape
+  dv = v.shape[-1]
+  dp, dvp = max(MIN_TILE, _pow2(d)), max(MIN_TILE, _pow2(dv))
+  bq = min(block_q, max(MIN_TILE, _pow2(length)))
+  bk = min(block_k, max(MIN_TILE, _pow2(length)))
+  padded = padded_length(length, bq, bk)
+  lists = tile_lists(patterns, length, bq, bk)
+  real = jnp.ones((b_, length), bool) if key_mask is None else key_mask
+  ok = jnp.pad(real, ((0, 0), (0, padded - length))).astype(jnp.int32)
+  pad = lambda x, width: jnp.pad(x, ((0, 0), (0, padded - length), (0, 0),
+                                     (0, width - x.shape[-1])))
+  cfg = kernel.Tiles(block_q=bq, block_k=bk, heads=h, scale=1.0 / math.sqrt(d),
+                     interpret=interpret)
+  out = kernel.attend(cfg, pad(q, dp), pad(k, dp), pad(v, dvp), ok,
+                      *(jnp.asarray(x) for x in lists))
+  out = out[:, :length, :, :dv]
+  if key_mask is not None:
+    out = jnp.where(real[:, :, None, None], out, 0)
+  return out.astype(q.dtype)
+
+
+def _run(q, k, v, key_mask, patterns, interpret, block_q, block_k) -> jax.Array:
+  if interpret is None:
+    interpret = jax.default_backend() != "gpu"
+  return _attend(q, k, v, key_mask, patterns=tuple(patterns), block_q=_block("block_q", block_q),
+                 block_k=_block("block_k", block_k), interpret=bool(interpret))
+
+
+def _self_inputs(q, k, v, key_mask) -> tuple[int, int, int]:
+  b_, length, _, h, _ = validation.check_qkv(q, k, v, same_length=True)
+  validation.check_token_mask("key_mask", key_mask, b_, length)
+  return b_, length, h
+
+
+# --- The kinds. ---
+
+def block_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
+                          causal: bool = False, key_mask: jax.Array | None = None,
+                          interpret: bool | None = None, block_q: int | None = None,
+                          block_k: int | None = None) -> jax.Array:
+  """Contiguous-block local attention (`masks.block_local_mask`) on the Pallas kernel;
+  arguments as `attention.sparse_patterns.block_local_attention`."""
+  _, _, h = _self_inputs(q, k, v, key_mask)
+  size = _positive_int("block_size", block_size)
+  return _run(q, k, v, key_mask, (splash_masks.BlockLocalPattern(size, bool(causal)),) * h,
+              interpret, block_q, block_k)
+
+
+def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, stride: int,
+                     summary_width: int | None = None, causal: bool = False,
+                     key_mask: jax.Array | None = None, block_size: int | None = None,
+                     num_summary_offsets: int | None = None, interpret: bool | None = None,
+                     block_q: int | None = None, block_k: int | None = None) -> jax.Array:
+  """Sparse Transformer strided / fixed attention on the Pallas kernel; arguments as
+  `attention.sparse_patterns.sparse_attention` (`block_size`, the xla compute block, is checked
+  and ignored). Equal to `dot_product_attention` with `masks.strided_mask` /
+  `masks.fixed_mask(..., num_heads=H)`."""
+  _, _, h = _self_inputs(q, k, v, key_mask)
+  if pattern not in ("strided", "fixed"):
+    raise ValueError(f"unknown sparse pattern {pattern!r}; valid patterns: strided, fixed.")
+  stride = _positive_int("stride", stride)
+  if block_size is not None:
+    _positive_int("block_size", block_size)
+  if pattern == "strided":
+    if summary_width is not None or num_summary_offsets is not None:
+      raise ValueError("summary_width and num_summary_offsets apply to pattern='fixed' only.")
+    patterns = (splash_masks.StridedPattern(stride, bool(causal)),) * h
+  else:
+    width = max(1, stride // 8) if summary_width is None else _positive_int(
+        "summary_width", summary_width)
+    offsets = masks.fixed_summary_offsets(stride=stride, summary_width=width, num_heads=h,
+                                          num_summary_offsets=num_summary_offsets)
+    patterns = tuple(splash_masks.FixedPattern(stride, width, lo, bool(causal))
+                     for lo in offsets)
+  return _run(q, k, v, key_mask, patterns, interpret, block_q, block_k)
+
+
+@functools.lru_cache(maxsize=32)
+def _bigbird_patterns(num_blocks: int, block: int, num_global_blocks: int,
+                      num_random_blocks: int, seed: int,
+                      num_heads: int) -> tuple[splash_masks.LayoutPattern, ...]:
+  layout = masks.bigbird_block_pattern(num_blocks, num_global_blocks=num_global_blocks,
+                                       num_random_blocks=num_random_blocks, seed=seed,
+                                       num_heads=num_heads)
+  return splash_masks.layout_patterns(layout, block, causal=False)
+
+
+def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
+                      num_global_blocks: int = 2, num_random_blocks: int = 3, seed: int,
+                      key_mask: jax.Array | None = None, interpret: bool | None = None,
+                      block_q: int | None = None, block_k: int | None = None) -> jax.Array:
+  """BigBird ITC attention on the Pallas kernel, per-head random blocks; arguments as
+  `attention.sparse_patterns.bigbird_attention`. Equal to `dot_product_attention` with
+  `masks.bigbird_mask(..., num_heads=H)`."""
+  _, length, h = _self_inputs(q, k, v, key_mask)
+  block = _positive_int("block_size", block_size)
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    raise ValueError(f"seed must be an int (it fixes the random blocks), got {seed!r}.")
+  patterns = _bigbird_patterns(-(-length // block), block, num_global_blocks,
+                               num_random_blocks, int(seed), h)
+  return _run(q, k, v, key_mask, patterns, interpret, block_q, block_k)
+
+
+def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, layout: np.ndarray,
+                           block_size: int, causal: bool = False,
+                           key_mask: jax.Array | None = None, interpret: bool | None = None,
+                           block_q: int | None = None, block_k: int | None = None) -> jax.Array:
+  """Attention over a static block layout on the Pallas kernel; arguments as
+  `attention.block_sparse.block_sparse_attention`. Equal to `dot_product_attention` with
+  `masks.block_layout_mask(layout, block_size, L)` (and causal, key_mask); a query with no
+  allowed real key outputs 0."""
+  _, length, h = _self_inputs(q, k, v, key_mask)
+  block = _positive_int("block_size", block_size)
+  layout = check_layout(layout, num_blocks=-(-length // block), num_heads=h, length=length,
+                        block_size=block)
+  per_head = np.broadcast_to(layout, (h,) + layout.shape[-2:])
+  return _run(q, k, v, key_mask, splash_masks.layout_patterns(per_head, block, bool(causal)),
+              interpret, block_q, block_k)
+
+
+__all__ = ["bigbird_attention", "block_local_attention", "block_sparse_attention",
+           "padded_length", "sparse_attention", "tile_lists"]
