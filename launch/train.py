@@ -176,6 +176,7 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     return 0
   try:   # where the run writes (a finished run above may be shown from a read-only one)
     check_workdir(workdir)
+    storage.check_remote(workdir)   # a bucket: gcsfs installed, the bucket there, credentials
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

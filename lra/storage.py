@@ -15,12 +15,20 @@ A line file's last line cut short (a writer killed while appending it) is droppe
 next line is added, locally as remotely. A file that is not UTF-8 text, or not JSON where JSON
 is read, raises a one-line ValueError naming it (`read_text`, `read_json`).
 Only process 0 writes the shared files (the callers check `jax.process_index()`).
+
+Before the first access to a `gs://` bucket, `check_remote` makes sure it can work and raises a
+one-line `BucketError` (a ValueError, which the commands print as `error: ...`) otherwise:
+gcsfs not installed (the `gcs` extra), a bucket that does not exist (a typo), no credentials
+or no access. Without it these end in long tracebacks, or, for a missing bucket, in gcsfs
+creating it. `copy_tree` uploads a local folder (a dataset prepared locally, lra data prepare).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 from typing import Any
 
 from etils import epath
@@ -31,6 +39,81 @@ REMOTE_PREFIXES = ("gs://", "s3://", "az://", "hf://")
 def is_remote(path: Any) -> bool:
   """Whether `path` names a bucket (`gs://`, `s3://`, ...) rather than the local disk."""
   return os.fspath(path).startswith(REMOTE_PREFIXES)
+
+
+class BucketError(ValueError):
+  """A bucket that cannot be used: no gcsfs, no such bucket, no credentials or no access."""
+
+
+def remote_filesystem(path: Any):
+  """epath's fsspec filesystem for remote path `path` (gcsfs for `gs://`; BucketError without
+  the gcs extra)."""
+  if os.fspath(path).startswith("gs://"):
+    try:
+      import gcsfs  # noqa: F401
+    except ImportError:
+      raise BucketError(f"{os.fspath(path)} is in Google Cloud Storage, which needs gcsfs: "
+                        f"pip install -e '.[gcs]'.") from None
+  from etils.epath import backend
+  return backend.fsspec_backend.fs(os.fspath(path))
+
+
+def check_remote(path: Any) -> None:
+  """Raises a one-line BucketError when the bucket of `gs://` path `path` cannot be used (once
+  per bucket and process; other paths pass)."""
+  path = os.fspath(path)
+  if path.startswith("gs://"):
+    _check_bucket(path[len("gs://"):].split("/")[0])
+
+
+@functools.lru_cache(maxsize=None)   # a failure raises, so only usable buckets are kept
+def _check_bucket(bucket: str) -> None:
+  fs = remote_filesystem(f"gs://{bucket}")   # BucketError without gcsfs
+  if not hasattr(fs, "call"):
+    return   # not gcsfs (a stand-in filesystem registered for gs://)
+  from gcsfs.retry import HttpError
+  try:
+    fs.call("GET", "b/{}/o", bucket, maxResults=1, json_out=True)
+  except FileNotFoundError:
+    raise BucketError(f"bucket gs://{bucket} does not exist (a typo?); create it (gcloud "
+                      f"storage buckets create gs://{bucket}) or name another.") from None
+  except (HttpError, OSError) as e:
+    code = getattr(e, "code", None)
+    text = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    method = getattr(getattr(fs, "credentials", None), "method", None)
+    if code == 401 or (method == "anon" and (code == 403 or "Forbidden" in text)):
+      raise BucketError(f"no credentials for gs://{bucket} ({text}): run `gcloud auth "
+                        f"application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS "
+                        f"to a service account key file.") from None
+    if code == 403 or "Forbidden" in text:
+      raise BucketError(f"no access to gs://{bucket} with the credentials found ({text}): "
+                        f"grant them storage access to the bucket.") from None
+    raise BucketError(f"gs://{bucket} cannot be reached: {type(e).__name__}: {text}") from None
+
+
+def copy_tree(src: str, dst: Any, *, last: str | None = None) -> int:
+  """Copies local folder `src` to `dst` (a bucket folder, or a local one), file by file, the
+  file named `last` (e.g. a dataset's `dataset_info.json`, by which readers know it is whole)
+  after all others; returns the number of files copied."""
+  files = sorted(os.path.relpath(os.path.join(folder, name), src)
+                 for folder, _, names in os.walk(src) for name in names)
+  files.sort(key=lambda rel: os.path.basename(rel) == last)   # stable: `last` moves to the end
+  remote = is_remote(dst)
+  fs = remote_filesystem(dst) if remote else None
+  for rel in files:
+    target = join(dst, *rel.split(os.sep))
+    if remote:
+      check_remote(target)
+      fs.put_file(os.path.join(src, rel), target)
+    else:
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      shutil.copyfile(os.path.join(src, rel), target)
+  return len(files)
+
+
+def _path(path: Any) -> epath.Path:
+  check_remote(path)
+  return epath.Path(path)
 
 
 def resolve(path: Any) -> str:
@@ -47,25 +130,25 @@ def join(*parts: Any) -> str:
 
 
 def exists(path: Any) -> bool:
-  return epath.Path(path).exists()
+  return _path(path).exists()
 
 
 def isdir(path: Any) -> bool:
-  return epath.Path(path).is_dir()
+  return _path(path).is_dir()
 
 
 def makedirs(path: Any) -> None:
-  epath.Path(path).mkdir(parents=True, exist_ok=True)
+  _path(path).mkdir(parents=True, exist_ok=True)
 
 
 def listdir(path: Any) -> list[str]:
   """Names in folder `path` (empty when it does not exist)."""
-  p = epath.Path(path)
+  p = _path(path)
   return sorted(child.name for child in p.iterdir()) if p.is_dir() else []
 
 
 def rmtree(path: Any) -> None:
-  p = epath.Path(path)
+  p = _path(path)
   if p.is_dir():
     p.rmtree()
   elif p.exists():
@@ -75,7 +158,7 @@ def rmtree(path: Any) -> None:
 def read_text(path: Any) -> str | None:
   """The file's text, or None when it does not exist. A file that is not UTF-8 text raises a
   one-line ValueError naming it and the first bad byte."""
-  p = epath.Path(path)
+  p = _path(path)
   if not p.exists():
     return None
   data = p.read_bytes()
@@ -91,7 +174,7 @@ def read_text(path: Any) -> str | None:
 def write_text(path: Any, text: str) -> None:
   """Writes `text` so that a reader (or a kill) sees the old file or the new one, whole."""
   if is_remote(path):
-    epath.Path(path).write_text(text)   # an object changes when its upload completes
+    _path(path).write_text(text)   # an object changes when its upload completes
     return
   tmp = f"{path}.tmp"
   with open(tmp, "w") as f:
@@ -129,7 +212,7 @@ def append_text(path: Any, text: str) -> None:
 def replace(src: Any, dst: Any) -> None:
   """Renames `src` over `dst` (remote: a copy, then the source is deleted)."""
   if is_remote(src):
-    epath.Path(src).copy(dst, overwrite=True)
+    _path(src).copy(dst, overwrite=True)
     epath.Path(src).unlink()
   else:
     os.replace(src, dst)

@@ -333,9 +333,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
   workdir = storage.resolve(workdir)
   storage.makedirs(workdir)
-  # The lock file needs a local disk (O_EXCL); a bucket workdir is not locked.
-  # Process 0 takes it and every process learns the outcome before any collective.
-  lock_here = jax.process_index() == 0 and not storage.is_remote(workdir)
+  # A lock file on a local disk (O_EXCL), a lock object in a gs:// bucket (generation
+  # preconditions; lra/lock.py). Process 0 takes it and every process learns the outcome
+  # before any collective.
+  lock_here = jax.process_index() == 0
   agree = mesh_lib.any_process if jax.process_count() > 1 else None
   with (signals.StopRequest(_stop_message) as stop,
         lock_lib.WorkdirLock(workdir, enabled=lock_here, agree=agree) as lock):

@@ -126,3 +126,117 @@ def test_a_sigkill_in_the_first_save_of_a_bucket_run_resumes_identical(
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert "Removed unfinished checkpoint saves" in rerun.stdout and ": 2 (" in rerun.stdout
   assert_same_as_reference(download(gcs_server, workdir, tmp_path), reference)
+
+
+# --- the workdir lock in a bucket (lra/lock.py), in this process --------------------------------
+
+
+def test_bucket_lock_refuses_a_live_holder_and_takes_over_a_dead_one(gcs_server):
+  from lra import lock
+  workdir = f"gs://{gcs_server.new_bucket()}/run"
+  holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    other = lock.WorkdirLock(workdir)
+    other.record["pid"] = holder.pid   # a live process of this host holds it
+    other.acquire()
+    assert lock.read_holder(workdir)["pid"] == holder.pid
+    with pytest.raises(lock.WorkdirBusy, match=f"is in use by another run \\(pid {holder.pid}"):
+      lock.WorkdirLock(workdir).acquire()
+    assert lock.refusal(workdir).startswith(f"{workdir} is in use by another run")
+  finally:
+    holder.kill()
+    holder.wait()
+  with lock.WorkdirLock(workdir) as mine:   # its holder is gone: taken over
+    assert lock.read_holder(workdir) == mine.record
+  assert lock.read_holder(workdir) is None   # released: the object is deleted
+  other._beating and other._beating.set()
+
+
+def test_bucket_lock_of_another_host_is_taken_over_once_its_heartbeat_stops(gcs_server):
+  from lra import lock
+  workdir = f"gs://{gcs_server.new_bucket()}/run"
+  beating = lock.WorkdirLock(workdir, heartbeat_s=0.2)
+  beating.record["host"] = "another-host"
+  beating.acquire()   # its heartbeat thread rewrites the object every 0.2 s
+  try:
+    time.sleep(1.5)
+    with pytest.raises(lock.WorkdirBusy, match="on another-host"):
+      lock.WorkdirLock(workdir, stale_after=1.0).acquire()
+  finally:
+    beating._beating.set()   # the holder dies: its beats stop  # noqa: SLF001
+  with pytest.raises(lock.WorkdirBusy):   # the last beat is fresh
+    lock.WorkdirLock(workdir, stale_after=1.0).acquire()
+  time.sleep(1.5)
+  with lock.WorkdirLock(workdir, stale_after=1.0) as mine:
+    assert lock.read_holder(workdir)["token"] == mine.record["token"]
+    beating.heartbeat()   # a late beat of the old holder fails its precondition: no effect
+    assert lock.read_holder(workdir)["token"] == mine.record["token"]
+    beating.release()     # nor does its release delete the new holder's lock
+    assert lock.read_holder(workdir)["token"] == mine.record["token"]
+
+
+def test_two_takeovers_of_one_stale_bucket_lock_one_wins(gcs_server):
+  from lra import lock
+  workdir = f"gs://{gcs_server.new_bucket()}/run"
+  assert lock.lock_file(workdir).create({"host": "gone", "pid": 1})
+  a, b = lock.lock_file(workdir), lock.lock_file(workdir)
+  assert a.read()[0] == b.read()[0] == {"host": "gone", "pid": 1}   # both saw one generation
+  won = [a.take_over({"host": "a", "pid": 2}), b.take_over({"host": "b", "pid": 3})]
+  assert won == [True, False]
+  assert lock.read_holder(workdir) == {"host": "a", "pid": 2}
+  assert not lock.lock_file(workdir).create({"host": "c", "pid": 4})   # only if absent
+
+
+# --- one-line errors ------------------------------------------------------------------------
+
+
+def test_a_missing_bucket_and_missing_credentials_are_one_line_errors(gcs_server, monkeypatch):
+  from gcsfs.retry import HttpError
+  from lra import storage
+  with pytest.raises(storage.BucketError, match=r"^bucket gs://no-such-bucket-x does not exist"):
+    storage.exists("gs://no-such-bucket-x/run/results.json")
+  assert not gcs_server.fs.exists("no-such-bucket-x")   # not created by the attempt
+
+  fs = storage.remote_filesystem("gs://b")
+  def unauthorised(*args, **kwargs):
+    raise HttpError({"code": 401, "message": "Anonymous caller does not have access"})
+  monkeypatch.setattr(fs, "call", unauthorised)
+  with pytest.raises(storage.BucketError, match=r"^no credentials for gs://locked-x .*gcloud "
+                                                r"auth application-default login"):
+    storage.exists("gs://locked-x/run")
+
+
+def test_lra_run_without_gcsfs_or_on_a_missing_bucket_ends_in_one_line(gcs_server, tmp_path):
+  no_gcsfs = ("import sys; sys.modules['gcsfs'] = None; from launch import cli; "
+              "sys.exit(cli.main(sys.argv[1:]))")
+  env = {**os.environ, "LRA_DATA": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+  for prefix, bucket, expected in [
+      ([sys.executable, "-c", no_gcsfs], gcs_server.new_bucket(),
+       "is in Google Cloud Storage, which needs gcsfs: pip install -e '.[gcs]'."),
+      ([sys.executable, "-m", "launch.cli"], "no-such-bucket-y",
+       "bucket gs://no-such-bucket-y does not exist (a typo?)")]:
+    done = subprocess.run([*prefix, *run_args(f"gs://{bucket}/run")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith("error: ") and expected in lines[0]
+
+
+@pytest.mark.slow
+def test_a_second_run_on_a_busy_bucket_workdir_is_refused_in_one_line(gcs_server, data_dir):
+  workdir = f"gs://{gcs_server.new_bucket()}/run"
+  first = lra(run_args(workdir), data_dir, "sleep", 120, popen=True)
+  try:
+    deadline = time.time() + 120
+    while "sleeping" not in (first.stdout.readline() or ""):
+      assert first.poll() is None and time.time() < deadline, first.stderr.read()[-3000:]
+    started = time.time()
+    second = lra(run_args(workdir), data_dir)
+    took = time.time() - started
+  finally:
+    first.kill()
+    first.wait()
+  lines = second.stderr.strip().splitlines()
+  assert second.returncode == 2 and len(lines) == 1, second.stderr[-3000:]
+  assert lines[0].startswith(f"error: {workdir} is in use by another run (pid {first.pid} on ")
+  assert took < 30, took
