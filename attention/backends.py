@@ -9,12 +9,13 @@ portable function, so the layer calls either the same way:
 | `xla` | the kind's own module | every kind: blocked einsums composed by XLA | everywhere; the CPU default |
 | `tokamax` | `attention.tokamax_backend` | dense, causal, padded, band without dilation or globals | GPU (Mosaic GPU / Triton / cuDNN kernels) |
 | `splash` | `attention.splash` | every pattern that is a block mask: band (per-head dilation, globals), BigBird, strided/fixed, block-local, block-sparse, dense | TPU (splash attention skips empty blocks) |
-| `pallas` | `attention.pallas_band` | band with per-head dilation and global tokens | GPU (our Pallas kernel) |
+| `pallas` | `attention.pallas_band`, `attention.pallas_block_sparse` | band with per-head dilation and global tokens; BigBird, strided/fixed, block-local, block-sparse | GPU (our Pallas kernels) |
 
 `config.model.attention.implementation` is `auto` (the default) or one of those names. `auto`
 resolves per layer, at build time, from the platform (`choose`):
 - GPU: tokamax for dense layers and for band layers that have no dilation and no global tokens,
-  our Pallas kernel for band layers with dilation or global tokens, `xla` for the rest;
+  our Pallas kernels for band layers with dilation or global tokens and for the block-pattern
+  kinds (bigbird, sparse, block_local, block_sparse), `xla` for the rest;
 - TPU: splash for every kind it computes, `xla` for the rest;
 - anywhere else (the CPU): `xla`.
 A backend named explicitly must compute the layer's pattern exactly (`check`): asking tokamax
@@ -37,9 +38,12 @@ from attention import kinds
 AUTO = "auto"
 IMPLEMENTATIONS = (AUTO,) + kinds.BACKENDS
 
-# backend -> module holding its functions (the `xla` functions are the kinds' own).
+# backend -> module holding its functions (the `xla` functions are the kinds' own), or, for a
+# backend split over modules, kind -> module.
 MODULES = {"tokamax": "attention.tokamax_backend", "splash": "attention.splash",
-           "pallas": "attention.pallas_band"}
+           "pallas": {"band": "attention.pallas_band",
+                      **{kind: "attention.pallas_block_sparse"
+                         for kind in ("bigbird", "block_local", "block_sparse", "sparse")}}}
 PLATFORMS = ("cpu", "gpu", "tpu")
 
 
@@ -111,7 +115,9 @@ def function(kind: str, implementation: str = AUTO, *, args: Mapping[str, Any] |
   if backend == "xla":
     import attention
     return attention.get(kind)
-  return getattr(importlib.import_module(MODULES[backend]), record.function)
+  module = MODULES[backend]
+  module = module[kind] if isinstance(module, dict) else module
+  return getattr(importlib.import_module(module), record.function)
 
 
 __all__ = ["AUTO", "IMPLEMENTATIONS", "MODULES", "PLATFORMS", "choose", "function", "unable"]

@@ -36,10 +36,11 @@ def _no_arguments(window: int, max_length: int) -> dict[str, Any]:
 COSTS = ("quadratic", "subquadratic", "linear")
 RELATIVE_FORMS = ("dense", "factorised")
 # The implementations a kind may have (`attention.backends`): "xla" is the portable one every kind
-# has; "tokamax" (GPU kernels), "splash" (TPU block-sparse kernel), "pallas" (our GPU band kernel).
+# has; "tokamax" (GPU kernels), "splash" (TPU block-sparse kernel), "pallas" (our GPU kernels:
+# band, and the block-pattern kinds).
 BACKENDS = ("xla", "tokamax", "splash", "pallas")
 _DENSE_BACKENDS = ("xla", "tokamax", "splash")
-_BLOCK_MASK_BACKENDS = ("xla", "splash")
+_BLOCK_MASK_BACKENDS = ("xla", "splash", "pallas")
 
 # Value rules of the config arguments, by argument name, whichever kind takes them: the smallest
 # integer allowed and what the argument means (for the one-line refusal). A None value is the

@@ -16,10 +16,12 @@ BigBird's per-head random blocks; `StridedPattern`, `FixedPattern` with per-head
 classification (`splash_masks`: every `[block_q, block_k]` tile empty, full or partial, partial
 tiles deduplicated by content, from the pattern's rule at tile granularity, never an `L x L`
 array) is turned here, in numpy, once per static configuration (cached), into lists:
-  * per (head, query tile): the key tiles to visit, padded with -1 to a power of two, and for
-    each the index of its tile in a small table of distinct boolean tiles (entry 0: all ones, for
-    full tiles);
+  * per (head, query tile): the key tiles to visit and, for each, the index of its tile in a
+    small table of distinct boolean tiles (entry 0: all ones, for full tiles);
   * per (head, key tile): the query tiles that visit it, the transposed lists, for dk/dv.
+The lists of all tiles are stored one after another with row pointers (compressed sparse rows),
+so their size is the number of visited tiles (a global query tile that visits every key tile
+makes no other row longer), and once for all heads when the heads share the pattern.
 Global rows and columns (BigBird's global blocks, `fixed`'s summary columns) are nothing special:
 a global query tile simply lists every key tile. Causality is part of the pattern.
 
@@ -76,27 +78,36 @@ def _block(name: str, value) -> int:
 
 
 class Lists(NamedTuple):
-  """The tile lists of one static configuration (numpy, int32 lists and an int8 table)."""
-  fwd_idx: np.ndarray   # [H, nq, W]: key tiles each query tile visits, then -1
-  fwd_tid: np.ndarray   # [H, nq, W]: their entries in `tiles`
-  bwd_idx: np.ndarray   # [H, nk, Wt]: query tiles that visit each key tile, then -1
-  bwd_tid: np.ndarray   # [H, nk, Wt]
-  tiles: np.ndarray     # [T, bq, bk]: entry 0 all ones (full tiles), then the partial tiles
+  """The tile lists of one static configuration (numpy), rows stored one after another: for
+  tile i of head h, entries ptr[h, i] to ptr[h, i + 1] of idx[h] and tid[h]. The head axis is
+  H, or 1 when every head has the same pattern."""
+  fwd_ptr: np.ndarray   # int32 [Hl, P]: row pointers over the query tiles
+  fwd_idx: np.ndarray   # int32 [Hl, E]: the key tiles each query tile visits, in order
+  fwd_tid: np.ndarray   # int32 [Hl, E]: their entries in `tiles`
+  bwd_ptr: np.ndarray   # int32 [Hl, P']: row pointers over the key tiles
+  bwd_idx: np.ndarray   # int32 [Hl, E]: the query tiles that visit each key tile
+  bwd_tid: np.ndarray   # int32 [Hl, E]
+  tiles: np.ndarray     # int8 [T, bq, bk]: entry 0 all ones (full tiles), then partial tiles
 
 
-def _compact(cls: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Visited tiles of `cls [H, n, m]` (> 0) first, in order, as `[H, n, W]` index lists padded
-  with -1 to a power of two W, and their table entries from `tid`."""
+def _rows(cls: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(row pointers, tiles, table entries) of the visited tiles (`cls > 0`) of `[Hl, n, m]`,
+  row after row in increasing order; sizes padded to powers of two (pointers with the total,
+  tiles with -1)."""
   visit = cls > 0
-  width = max(MIN_TILE, _pow2(int(visit.sum(axis=-1).max(initial=0))))
-  order = np.argsort(~visit, axis=-1, kind="stable")[..., :width]
-  take = order.shape[-1]
-  idx = np.full(cls.shape[:2] + (width,), -1, np.int32)
-  ids = np.zeros(cls.shape[:2] + (width,), np.int32)
-  hit = np.take_along_axis(visit, order, axis=-1)
-  idx[..., :take] = np.where(hit, order, -1)
-  ids[..., :take] = np.where(hit, np.take_along_axis(tid, order, axis=-1), 0)
-  return idx, ids
+  hl, n, _ = cls.shape
+  counts = visit.sum(axis=-1)
+  ptr = np.zeros((hl, max(MIN_TILE, _pow2(n + 1))), np.int32)
+  ptr[:, 1:n + 1] = np.cumsum(counts, axis=-1)
+  ptr[:, n + 1:] = ptr[:, n:n + 1]
+  size = max(MIN_TILE, _pow2(int(ptr[:, -1].max(initial=0))))
+  idx = np.full((hl, size), -1, np.int32)
+  ids = np.zeros((hl, size), np.int32)
+  for h in range(hl):
+    rows, cols = np.nonzero(visit[h])                    # row-major: rows in order
+    idx[h, :rows.size] = cols
+    ids[h, :rows.size] = tid[h, rows, cols]
+  return ptr, idx, ids
 
 
 def padded_length(length: int, bq: int, bk: int) -> int:
@@ -116,7 +127,8 @@ def tile_lists(patterns: tuple[Pattern, ...], length: int, bq: int, bk: int) -> 
   nq, nk = padded // bq, padded // bk
   # splash_masks' classification: class 0 empty, 1 partial (ids: its stored tile), 2 full.
   cls, ids, stored, head_to_unique = splash_masks._classify(patterns, nq, nk, nk, bq, bk)
-  cls, ids = cls[head_to_unique], ids[head_to_unique]
+  if cls.shape[0] > 1:                                   # heads differ: one list per head
+    cls, ids = cls[head_to_unique], ids[head_to_unique]
   if stored:
     blank = np.array([not t.any() for t in stored])
     cls = np.where((cls == 1) & blank[np.maximum(ids, 0)], 0, cls)
@@ -124,9 +136,7 @@ def tile_lists(patterns: tuple[Pattern, ...], length: int, bq: int, bk: int) -> 
   cls[:, :, np.arange(nk) * bk >= length] = 0
   tid = np.where(cls == 1, ids + 1, 0).astype(np.int32)
   tiles = np.stack([np.ones((bq, bk), bool)] + list(stored)).astype(np.int8)
-  fwd_idx, fwd_tid = _compact(cls, tid)
-  bwd_idx, bwd_tid = _compact(cls.transpose(0, 2, 1), tid.transpose(0, 2, 1))
-  return Lists(fwd_idx, fwd_tid, bwd_idx, bwd_tid, tiles)
+  return Lists(*_rows(cls, tid), *_rows(cls.transpose(0, 2, 1), tid.transpose(0, 2, 1)), tiles)
 
 
 @functools.partial(jax.jit, static_argnames=("patterns", "block_q", "block_k", "interpret"))
@@ -144,8 +154,8 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None
   ok = jnp.pad(real, ((0, 0), (0, padded - length))).astype(jnp.int32)
   pad = lambda x, width: jnp.pad(x, ((0, 0), (0, padded - length), (0, 0),
                                      (0, width - x.shape[-1])))
-  cfg = kernel.Tiles(block_q=bq, block_k=bk, heads=h, scale=1.0 / math.sqrt(d),
-                     interpret=interpret)
+  cfg = kernel.Tiles(block_q=bq, block_k=bk, heads=h, list_heads=lists.fwd_ptr.shape[0],
+                     scale=1.0 / math.sqrt(d), interpret=interpret)
   out = kernel.attend(cfg, pad(q, dp), pad(k, dp), pad(v, dvp), ok,
                       *(jnp.asarray(x) for x in lists))
   out = out[:, :length, :, :dv]

@@ -1,19 +1,23 @@
 """The Pallas kernels of `attention.pallas_block_sparse`: forward, dq and dk/dv over tile lists.
 
-A block pattern reaches the kernels as lists, never as a mask over pairs. For each head and query
-tile, `fwd_idx [H, nq, W]` holds the key tiles to visit (in increasing order, then -1 up to the
-power of two W) and `fwd_tid` the index, for each visited tile, into a small table of distinct
-`[block_q, block_k]` tiles `tiles [T, block_q, block_k]` (int8, 1 = allowed); entry 0 of the
-table is all ones and is what a full tile points to. For each head and key tile, `bwd_idx
-[H, nk, Wt]` and `bwd_tid` list the query tiles that visit it (the transposed lists, same
-table). The key validity (padding, the sequence end) is a per-key vector `ok [B, Lp]`.
+A block pattern reaches the kernels as lists, never as a mask over pairs, stored row after row
+(compressed sparse rows): for query tile i, entries `fwd_ptr[i]` to `fwd_ptr[i + 1]` of
+`fwd_idx` are the key tiles to visit, in increasing order, and the same entries of `fwd_tid`
+their indices in a small table of distinct `[block_q, block_k]` tiles `tiles [T, block_q,
+block_k]` (int8, 1 = allowed); entry 0 of the table is all ones and is what a full tile points
+to. `bwd_ptr`, `bwd_idx`, `bwd_tid` list, per key tile, the query tiles that visit it (the
+transposed lists, same table), for dk/dv. The lists have a leading head axis of H, or of 1 when
+every head has the same pattern (`Tiles.list_heads`); their lengths are padded to powers of two.
+Storing rows one after another keeps them the size of the pattern: a global query tile lists
+every key tile without making every other row as long. The key validity (padding, the sequence
+end) is a per-key vector `ok [B, Lp]`.
 
 Layout (no transposes): q, k, v, the output and every gradient are `[B, Lp, H, D]`; program
 (n, .) works on row n = b * H + head and its BlockSpecs cut that row's tiles out directly (a
 strided load, rows H * D elements apart). Per-row vectors (log-sum-exp, delta) are `[N, Lp]`.
 
 Grids: forward and dq (N, nq): program (n, i) keeps its `block_q` queries and loops over the
-count of listed key tiles, reading each tile's index and table entry from the list refs and
+listed key tiles, reading each tile's index and table entry from the list refs and
 loading keys and values at that dynamic offset; dk/dv (N, nk): program (n, j) keeps its key tile
 and loops over the listed query tiles. Softmax statistics and accumulators are float32 whatever
 the input dtype; matmul operands keep it (bfloat16 stays bfloat16 on the tensor cores). A query
@@ -41,6 +45,7 @@ class Tiles:
   block_q: int
   block_k: int
   heads: int
+  list_heads: int       # H, or 1 when every head has the same lists
   scale: float
   interpret: bool
 
@@ -51,9 +56,10 @@ def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
   return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
-def _count(idx_ref) -> jax.Array:
-  """How many entries of a tile list are real (the rest are -1)."""
-  return jnp.sum((idx_ref[...] >= 0).astype(jnp.int32))
+def _span(ptr_ref) -> tuple[jax.Array, jax.Array]:
+  """The entries [lo, hi) of the lists that belong to this program's tile."""
+  i = pl.program_id(1)
+  return ptr_ref[i], ptr_ref[i + 1]
 
 
 def _allowed(tiles_ref, tid: jax.Array, ok: jax.Array) -> jax.Array:
@@ -73,8 +79,8 @@ def _softmax_step(carry, scores, allowed, v):
   return acc, m_new, l
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, ok_ref, idx_ref, tid_ref, tiles_ref, o_ref, lse_ref, *,
-                    cfg: Tiles):
+def _forward_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tiles_ref, o_ref,
+                    lse_ref, *, cfg: Tiles):
   bq, bk = cfg.block_q, cfg.block_k
   q = q_ref[...]
 
@@ -86,7 +92,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, ok_ref, idx_ref, tid_ref, tiles_ref, o_
 
   carry = (jnp.zeros((bq, o_ref.shape[-1]), jnp.float32),
            jnp.full((bq,), NEG_INF, jnp.float32), jnp.zeros((bq,), jnp.float32))
-  acc, m, l = lax.fori_loop(0, _count(idx_ref), body, carry)
+  acc, m, l = lax.fori_loop(*_span(ptr_ref), body, carry)
   has = l > 0
   safe = jnp.where(has, l, 1.0)
   o_ref[...] = jnp.where(has[:, None], acc / safe[:, None], 0.0).astype(o_ref.dtype)
@@ -101,7 +107,7 @@ def _probs_and_dscores(q, k, v, do, lse, delta, allowed, cfg: Tiles):
   return p, ds
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, ok_ref, idx_ref, tid_ref, tiles_ref, do_ref, lse_ref,
+def _dq_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tiles_ref, do_ref, lse_ref,
                delta_ref, dq_ref, *, cfg: Tiles):
   bk = cfg.block_k
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
@@ -113,12 +119,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, ok_ref, idx_ref, tid_ref, tiles_ref, do_ref,
     _, ds = _probs_and_dscores(q, k, v_ref[keys, :], do, lse, delta, allowed, cfg)
     return dq + _dot(ds.astype(k.dtype), k, (1, 0))
 
-  dq = lax.fori_loop(0, _count(idx_ref), body, jnp.zeros(dq_ref.shape, jnp.float32))
+  dq = lax.fori_loop(*_span(ptr_ref), body, jnp.zeros(dq_ref.shape, jnp.float32))
   dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, ok_ref, idx_ref, tid_ref, tiles_ref, do_ref, lse_ref,
-                delta_ref, dk_ref, dv_ref, *, cfg: Tiles):
+def _dkv_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tiles_ref, do_ref,
+                lse_ref, delta_ref, dk_ref, dv_ref, *, cfg: Tiles):
   bq = cfg.block_q
   k, v, ok = k_ref[...], v_ref[...], ok_ref[...]
 
@@ -130,8 +136,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, ok_ref, idx_ref, tid_ref, tiles_ref, do_ref
     p, ds = _probs_and_dscores(q, k, v, do, lse_ref[rows], delta_ref[rows], allowed, cfg)
     return (dk + _dot(ds.astype(q.dtype), q, (0, 0)), dv + _dot(p.astype(do.dtype), do, (0, 0)))
 
-  dk, dv = lax.fori_loop(0, _count(idx_ref), body, (jnp.zeros(dk_ref.shape, jnp.float32),
-                                                   jnp.zeros(dv_ref.shape, jnp.float32)))
+  dk, dv = lax.fori_loop(*_span(ptr_ref), body, (jnp.zeros(dk_ref.shape, jnp.float32),
+                                                jnp.zeros(dv_ref.shape, jnp.float32)))
   dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -151,10 +157,11 @@ def _valid(cfg: Tiles, rows: int, whole: bool = False) -> pl.BlockSpec:
   return pl.BlockSpec((None, rows), lambda n, i: (lax.div(n, h), 0 if whole else i))
 
 
-def _list(cfg: Tiles, width: int) -> pl.BlockSpec:
-  """The tile list of program (n, i) in an `[H, n_tiles, width]` array."""
-  h = cfg.heads
-  return pl.BlockSpec((None, None, width), lambda n, i: (lax.rem(n, h), i, 0))
+def _lists(cfg: Tiles, ptr, idx) -> list[pl.BlockSpec]:
+  """The whole lists (row pointers, tiles, table entries) of row n's head."""
+  h = cfg.list_heads
+  return [pl.BlockSpec((None, x.shape[-1]), lambda n, i: (lax.rem(n, h), 0))
+          for x in (ptr, idx, idx)]
 
 
 def _table(shape: tuple[int, ...]) -> pl.BlockSpec:
@@ -180,57 +187,57 @@ def _call(kernel, cfg: Tiles, grid, in_specs, out_specs, out_shape, name: str, h
   )
 
 
-def _query_side(cfg: Tiles, q, k, v, idx, tiles):
+def _query_side(cfg: Tiles, q, k, v, ptr, idx, tiles):
   """Sizes and the in_specs shared by the forward and dq kernels (q tile, whole k and v rows,
   key validity, the program's tile list and the table)."""
   b_, length, h, dp = q.shape
   dvp = v.shape[-1]
   specs = [_seq(cfg, cfg.block_q, dp), _seq(cfg, length, dp, whole=True),
            _seq(cfg, length, dvp, whole=True), _valid(cfg, length, whole=True),
-           _list(cfg, idx.shape[-1]), _list(cfg, idx.shape[-1]), _table(tiles.shape)]
+           *_lists(cfg, ptr, idx), _table(tiles.shape)]
   return b_ * h, length, dp, dvp, specs
 
 
-def _forward(cfg: Tiles, q, k, v, ok, fwd_idx, fwd_tid, tiles):
-  n, length, dp, dvp, specs = _query_side(cfg, q, k, v, fwd_idx, tiles)
+def _forward(cfg: Tiles, q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles):
+  n, length, dp, dvp, specs = _query_side(cfg, q, k, v, fwd_ptr, fwd_idx, tiles)
   return _call(
       functools.partial(_forward_kernel, cfg=cfg), cfg, (n, length // cfg.block_q), specs,
       [_seq(cfg, cfg.block_q, dvp), _tile(cfg.block_q)],
       [jax.ShapeDtypeStruct(q.shape[:-1] + (dvp,), q.dtype),
        jax.ShapeDtypeStruct((n, length), jnp.float32)],
-      "pallas_block_sparse_forward", dp)(q, k, v, ok, fwd_idx, fwd_tid, tiles)
+      "pallas_block_sparse_forward", dp)(q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def attend(cfg: Tiles, q: jax.Array, k: jax.Array, v: jax.Array, ok: jax.Array,
-           fwd_idx: jax.Array, fwd_tid: jax.Array, bwd_idx: jax.Array, bwd_tid: jax.Array,
-           tiles: jax.Array) -> jax.Array:
+           fwd_ptr: jax.Array, fwd_idx: jax.Array, fwd_tid: jax.Array, bwd_ptr: jax.Array,
+           bwd_idx: jax.Array, bwd_tid: jax.Array, tiles: jax.Array) -> jax.Array:
   """Block-sparse attention over tile lists, with a Pallas backward.
 
   Args:
-    cfg: tiles (which must divide Lp), heads, scale, interpret.
+    cfg: tiles (which must divide Lp), heads, heads of the lists, scale, interpret.
     q, k: `[B, Lp, H, Dp]`; v `[B, Lp, H, Dvp]` (Dp, Dvp powers of two >= 16).
     ok: int32 `[B, Lp]`, nonzero where a key may be attended.
-    fwd_idx, fwd_tid: int32 `[H, Lp / block_q, W]`: per query tile, the key tiles to visit
-      (then -1) and their table entries.
-    bwd_idx, bwd_tid: int32 `[H, Lp / block_k, Wt]`: per key tile, the query tiles that visit
-      it (then -1) and their table entries.
+    fwd_ptr, fwd_idx, fwd_tid: int32 `[Hl, P]`, `[Hl, E]`, `[Hl, E]` (Hl: H or 1): per query
+      tile i, entries ptr[i] to ptr[i + 1] are the key tiles to visit and their table entries.
+    bwd_ptr, bwd_idx, bwd_tid: the same per key tile, listing the query tiles that visit it.
     tiles: int8 `[T, block_q, block_k]`, entry 0 all ones.
 
   Returns:
     `[B, Lp, H, Dvp]` in q's dtype, 0 for a query with no allowed key.
   """
-  return _forward(cfg, q, k, v, ok, fwd_idx, fwd_tid, tiles)[0]
+  return _forward(cfg, q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles)[0]
 
 
-def _attend_fwd(cfg, q, k, v, ok, fwd_idx, fwd_tid, bwd_idx, bwd_tid, tiles):
-  out, lse = _forward(cfg, q, k, v, ok, fwd_idx, fwd_tid, tiles)
-  return out, (q, k, v, ok, fwd_idx, fwd_tid, bwd_idx, bwd_tid, tiles, out, lse)
+def _attend_fwd(cfg, q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, bwd_ptr, bwd_idx, bwd_tid, tiles):
+  out, lse = _forward(cfg, q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles)
+  return out, (q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, bwd_ptr, bwd_idx, bwd_tid, tiles, out,
+               lse)
 
 
 def _attend_bwd(cfg, res, do):
-  q, k, v, ok, fwd_idx, fwd_tid, bwd_idx, bwd_tid, tiles, out, lse = res
-  n, length, dp, dvp, specs = _query_side(cfg, q, k, v, fwd_idx, tiles)
+  q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, bwd_ptr, bwd_idx, bwd_tid, tiles, out, lse = res
+  n, length, dp, dvp, specs = _query_side(cfg, q, k, v, fwd_ptr, fwd_idx, tiles)
   bq, bk = cfg.block_q, cfg.block_k
   do = do.astype(q.dtype)
   delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)   # [B, Lp, H]
@@ -239,18 +246,18 @@ def _attend_bwd(cfg, res, do):
   dq = _call(functools.partial(_dq_kernel, cfg=cfg), cfg, (n, length // bq),
              specs + [_seq(cfg, bq, dvp), _tile(bq), _tile(bq)], _seq(cfg, bq, dp),
              jax.ShapeDtypeStruct(q.shape, q.dtype), "pallas_block_sparse_dq",
-             dp)(q, k, v, ok, fwd_idx, fwd_tid, tiles, do, lse, delta)
+             dp)(q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles, do, lse, delta)
 
-  width = bwd_idx.shape[-1]
   dk, dv = _call(
       functools.partial(_dkv_kernel, cfg=cfg), cfg, (n, length // bk),
       [_seq(cfg, length, dp, whole=True), _seq(cfg, bk, dp), _seq(cfg, bk, dvp),
-       _valid(cfg, bk), _list(cfg, width), _list(cfg, width), _table(tiles.shape),
+       _valid(cfg, bk), *_lists(cfg, bwd_ptr, bwd_idx), _table(tiles.shape),
        _seq(cfg, length, dvp, whole=True), _row(length), _row(length)],
       [_seq(cfg, bk, dp), _seq(cfg, bk, dvp)],
       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      "pallas_block_sparse_dkv", dp)(q, k, v, ok, bwd_idx, bwd_tid, tiles, do, lse, delta)
-  return dq, dk, dv, None, None, None, None, None, None
+      "pallas_block_sparse_dkv", dp)(q, k, v, ok, bwd_ptr, bwd_idx, bwd_tid, tiles, do, lse,
+                                     delta)
+  return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 attend.defvjp(_attend_fwd, _attend_bwd)

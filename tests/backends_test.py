@@ -26,10 +26,11 @@ AUTO = [
     ("band", {"window": 64, "dilation": 2}, False, ("pallas", "splash", "xla")),
     ("band", {"window": 64, "dilation": (1, 1, 2, 4)}, False, ("pallas", "splash", "xla")),
     ("band", {"window": 64}, True, ("pallas", "splash", "xla")),
-    ("bigbird", {"block_size": 32}, False, ("xla", "splash", "xla")),
-    ("sparse", {"pattern": "fixed", "stride": 32}, False, ("xla", "splash", "xla")),
-    ("block_local", {"block_size": 32}, False, ("xla", "splash", "xla")),
-    ("block_sparse", {"block_size": 32}, False, ("xla", "splash", "xla")),
+    ("bigbird", {"block_size": 32}, False, ("pallas", "splash", "xla")),
+    ("sparse", {"pattern": "fixed", "stride": 32}, False, ("pallas", "splash", "xla")),
+    ("sparse", {"pattern": "strided", "stride": 32}, False, ("pallas", "splash", "xla")),
+    ("block_local", {"block_size": 32}, False, ("pallas", "splash", "xla")),
+    ("block_sparse", {"block_size": 32}, False, ("pallas", "splash", "xla")),
     ("favor", {}, False, ("xla", "xla", "xla")),
     ("linear", {}, False, ("xla", "xla", "xla")),
     ("linformer", {"k": 32}, False, ("xla", "xla", "xla")),
@@ -93,8 +94,13 @@ def test_function_finds_each_backends_function_by_the_kinds_name():
   assert backends.function("flash", "tokamax") is tokamax_backend.flash_attention
   assert backends.function("dot_product", "tokamax") is tokamax_backend.dot_product_attention
   assert backends.function("favor", "xla") is attention.favor_attention
-  from attention import pallas_band, splash
+  from attention import pallas_band, pallas_block_sparse, splash
   assert backends.function("band", "pallas") is pallas_band.band_attention
+  for kind in ("bigbird", "sparse", "block_local", "block_sparse"):
+    assert backends.function(kind, "pallas") is getattr(pallas_block_sparse,
+                                                        kinds.get(kind).function)
+    assert backends.function(kind, platform="gpu") is getattr(pallas_block_sparse,
+                                                              kinds.get(kind).function)
   for kind in ("band", "bigbird", "sparse", "block_local", "block_sparse", "dot_product",
                "flash"):
     assert backends.function(kind, "splash") is getattr(splash, kinds.get(kind).function)
@@ -185,14 +191,19 @@ def test_tokamax_band_refuses_what_its_window_cannot_express():
     ({"kind": "band", "window": 3}, "tokamax"), ({"kind": "dot_product"}, "tokamax"),
     ({"kind": "flash", "block_size": 8}, "tokamax"), ({"kind": "flash", "block_size": 8}, "splash"),
     ({"kind": "band", "window": 3, "dilation": (1, 2, 1, 3)}, "pallas"),
-    ({"kind": "band", "window": 3, "dilation": (1, 2, 1, 3)}, "splash")])
+    ({"kind": "band", "window": 3, "dilation": (1, 2, 1, 3)}, "splash"),
+    ({"kind": "bigbird", "block_size": 4, "num_random_blocks": 2}, "pallas"),
+    ({"kind": "sparse", "pattern": "fixed", "stride": 8, "summary_width": 2}, "pallas"),
+    ({"kind": "block_local", "block_size": 5}, "pallas"),
+    ({"kind": "block_sparse", "block_size": 4, "window_blocks": 1, "global_blocks": 1},
+     "pallas")])
 def test_the_layer_through_a_backend_equals_the_layer_through_xla(spec, backend):
   x = jnp.asarray(np.random.default_rng(5).normal(size=(2, 21, 16)), jnp.float32)
   key_mask = jnp.asarray(np.arange(21)[None] < np.array([[21], [13]]))
   outs = {}
   for implementation in ("xla", backend):
     layer = MultiHeadAttention(16, 4, 16, {**spec, "implementation": implementation},
-                               max_length=21, causal=spec["kind"] == "band",
+                               max_length=21, causal=spec["kind"] in ("band", "sparse"),
                                rngs=nnx.Rngs(0))
     assert layer.implementation == implementation
     outs[implementation] = layer(x, key_mask)
@@ -247,6 +258,11 @@ def test_auto_and_xla_pass_the_config_check_for_every_kind():
   for kind in kinds.names():
     for implementation in ("auto", "xla"):
       schema.check(_config(attention=kind, **{"model.attention.implementation": implementation}))
+
+
+def test_pallas_passes_the_config_check_for_the_block_pattern_kinds():
+  for kind in ("bigbird", "sparse", "block_local", "block_sparse"):
+    schema.check(_config(attention=kind, **{"model.attention.implementation": "pallas"}))
 
 
 # ---- a short training run through each backend equals the xla run ----

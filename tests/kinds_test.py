@@ -291,3 +291,17 @@ def test_from_inputs_names_a_function_beside_the_kind_and_its_extras_decide():
 def test_quadratic_kinds_are_the_ones_that_score_every_pair():
   assert kinds.names_where(lambda k: k.cost == "quadratic") == (
       "dot_product", "flash", "synthesizer")
+
+
+def test_a_pallas_backend_takes_the_keywords_of_the_kinds_own_function():
+  # The layer calls whichever backend with the xla function's keywords: every one must exist,
+  # with the same default.
+  import inspect
+  from attention import backends
+  listed = kinds.names_where(lambda k: "pallas" in k.backends)
+  assert set(listed) == {"band", "bigbird", "block_local", "block_sparse", "sparse"}
+  for name in listed:
+    want = inspect.signature(attention.get(name)).parameters
+    got = inspect.signature(backends.function(name, "pallas")).parameters
+    assert set(want) <= set(got), (name, set(want) - set(got))
+    assert all(got[k].default == want[k].default for k in want), name

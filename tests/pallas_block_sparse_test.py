@@ -170,19 +170,24 @@ def test_a_query_block_with_no_allowed_key_outputs_zero():
 
 # --- The tile lists. ---
 
+def _rows(ptr, idx, tid, head):
+  """[(tile, [(listed tile, table entry), ...]), ...] of one head's lists."""
+  h = min(head, ptr.shape[0] - 1)
+  return [(i, list(zip(idx[h, ptr[h, i]:ptr[h, i + 1]], tid[h, ptr[h, i]:ptr[h, i + 1]])))
+          for i in range(ptr.shape[1] - 1)]
+
+
 def _decode(lists, h, length, bq, bk):
   """bool `[H, Lp, Lp]` from the forward lists and, separately, from the transposed lists."""
   fwd = np.zeros((h, length, length), bool)
   bwd = np.zeros((h, length, length), bool)
   for head in range(h):
-    for qi, row in enumerate(lists.fwd_idx[head]):
-      for step, ki in enumerate(row[row >= 0]):
-        fwd[head, qi * bq:(qi + 1) * bq, ki * bk:(ki + 1) * bk] |= lists.tiles[
-            lists.fwd_tid[head, qi, step]] != 0
-    for ki, col in enumerate(lists.bwd_idx[head]):
-      for step, qi in enumerate(col[col >= 0]):
-        bwd[head, qi * bq:(qi + 1) * bq, ki * bk:(ki + 1) * bk] |= lists.tiles[
-            lists.bwd_tid[head, ki, step]] != 0
+    for qi, row in _rows(*lists[:3], head):
+      for ki, t in row:
+        fwd[head, qi * bq:(qi + 1) * bq, ki * bk:(ki + 1) * bk] |= lists.tiles[t] != 0
+    for ki, col in _rows(*lists[3:6], head):
+      for qi, t in col:
+        bwd[head, qi * bq:(qi + 1) * bq, ki * bk:(ki + 1) * bk] |= lists.tiles[t] != 0
   return fwd, bwd
 
 
@@ -200,23 +205,27 @@ def test_tile_lists_decode_to_the_kind_mask(tiles):
            ((splash_masks.StridedPattern(9, False),) * h, masks.strided_mask(length, stride=9))]
   for patterns, want in cases:
     lists = pallas_block_sparse.tile_lists(patterns, length, bq, bk)
-    assert lists.fwd_idx.shape[-1] & (lists.fwd_idx.shape[-1] - 1) == 0  # a power of two
+    assert lists.fwd_ptr.shape[0] == (1 if len(set(patterns)) == 1 else h)
+    for x in lists[:6]:
+      assert x.shape[-1] & (x.shape[-1] - 1) == 0       # Triton block sides: powers of two
     assert np.all(lists.tiles[0] == 1)
     fwd, bwd = _decode(lists, h, length, bq, bk)
     np.testing.assert_array_equal(fwd, np.broadcast_to(want, fwd.shape))
     np.testing.assert_array_equal(bwd, fwd)
 
 
-def test_blank_rows_and_padding_tiles_are_not_listed():
+def test_lists_hold_the_visited_tiles_only():
   layout = np.ones((5, 5), bool)
   layout[1] = False                                     # query block 1 (16..31) sees nothing
+  layout[2:, 2:] = False
+  layout[2:, 2] = True                                  # blocks 2.. see blocks 0, 1, 2
   patterns = splash_masks.layout_patterns(layout[None], 16, False)
   lists = pallas_block_sparse.tile_lists(patterns, 70, 16, 16)    # padded to 80: 5 tiles
-  assert lists.fwd_idx.shape[:2] == (1, 5)
-  np.testing.assert_array_equal((lists.fwd_idx[0] >= 0).sum(axis=1), [5, 0, 5, 5, 5])
+  np.testing.assert_array_equal(np.diff(lists.fwd_ptr[0, :6]), [5, 0, 3, 3, 3])
+  assert lists.fwd_ptr[0, -1] == 14 and lists.fwd_idx.shape == (1, 16)
+  # A global query tile lists every key tile; the others do not grow to its length.
   lists = pallas_block_sparse.tile_lists((splash_masks.StridedPattern(3),), 70, 64, 16)
-  assert lists.bwd_idx.shape[1] == 8 and np.all(lists.bwd_idx[0, 5:] == -1)  # keys 80..127
-  assert np.all(lists.fwd_idx[0, 1, :5] >= 0) and np.all(lists.fwd_idx[0, 1, 5:] == -1)
+  np.testing.assert_array_equal(np.diff(lists.bwd_ptr[0, :9]), [2, 2, 2, 2, 2, 0, 0, 0])
 
 
 def test_a_skipped_tile_is_caught():
@@ -227,25 +236,28 @@ def test_a_skipped_tile_is_caught():
   q, k, v, ct = _inputs(rng, 1, length, h, 16)
   patterns = (splash_masks.BlockLocalPattern(32, False),) * h
   lists = pallas_block_sparse.tile_lists(patterns, length, 16, 16)
-  fwd_idx = lists.fwd_idx.copy()
-  fwd_idx[1, 2, 1] = -1                                 # head 1, query tile 2: skip key tile 3
-  cfg = kernel.Tiles(block_q=16, block_k=16, heads=h, scale=0.25, interpret=True)
+  ptr, idx, tid = (x.copy() for x in lists[:3])
+  entry = ptr[0, 2] + 1                                 # query tile 2's second key tile (3)
+  assert idx[0, entry] == 3
+  idx[0, entry:-1], tid[0, entry:-1] = idx[0, entry + 1:], tid[0, entry + 1:]
+  ptr[0, 3:] -= 1
+  cfg = kernel.Tiles(block_q=16, block_k=16, heads=h, list_heads=1, scale=0.25, interpret=True)
   ok = jnp.ones((1, length), jnp.int32)
 
-  def attend(idx):
-    args = (jnp.asarray(idx), *(jnp.asarray(x) for x in lists[1:]))
+  def attend(fwd):
+    args = [jnp.asarray(x) for x in (*fwd, *lists[3:])]
     return lambda q, k, v: kernel.attend(cfg, q, k, v, ok, *args)
 
   mask = masks.block_local_mask(length, block_size=32)
   want = _out_and_grads(lambda q, k, v: attention.dot_product_attention(q, k, v, mask=mask),
                         q, k, v, ct)
-  chex.assert_trees_all_close(_out_and_grads(attend(lists.fwd_idx), q, k, v, ct), want,
+  chex.assert_trees_all_close(_out_and_grads(attend(lists[:3]), q, k, v, ct), want,
                               atol=1e-5, rtol=1e-5)
-  slipped = _out_and_grads(attend(fwd_idx), q, k, v, ct)
+  slipped = _out_and_grads(attend((ptr, idx, tid)), q, k, v, ct)
   with pytest.raises(AssertionError):
     chex.assert_trees_all_close(slipped, want, atol=1e-5, rtol=1e-5)
   wrong = np.abs(np.asarray(slipped["out"] - want["out"])).max(axis=-1)[0]   # [L, H]
-  assert wrong[32:48, 1].min() > 1e-3 and wrong[:32].max() < 1e-5 and wrong[:, 0].max() < 1e-5
+  assert wrong[32:48].min() > 1e-3 and wrong[:32].max() < 1e-5 and wrong[48:].max() < 1e-5
 
 
 # --- Arguments and the GPU lowering. ---
