@@ -46,5 +46,5 @@ setup(
         # Mutation testing (`make mutation MODULE=...`, docs/testing.md); not needed by CI.
         "mutation": ["cosmic-ray==8.7.0"],
     },
-    entry_points={"console_scripts": ["lra=launch.cli:main"]},
+    entry_points={"console_scripts": ["lra=launch.entry:main"]},
 )

@@ -34,7 +34,7 @@ import ml_collections
 import configs
 from launch import run_state
 from launch.values import config_arg_fields, flag_spelling, flatten
-from lra import schema
+from lra import schema, signals
 from lra import phases  # pure Python: the trainer is imported by its functions only
 from lra import storage
 from lra import tasks as tasks_lib
@@ -153,8 +153,43 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     schema.check(phases.phase_config(config, k), context=f"config.phases[{k}] gives ")
 
 
+def _startup_message(signum: int) -> str:
+  if os.environ.get("LRA_DISTRIBUTED", "0") == "1":
+    return (f"\n{signals.signal_label(signum)} during start-up: every process stops after the "
+            f"first training step and saves it.")
+  return (f"\n{signals.signal_label(signum)}: stopping before training starts, once the current "
+          f"start-up step ends (imports, compiling, the data); Ctrl-C again stops at once.")
+
+
+_STARTUP_ABORT = ("error: interrupted (Ctrl-C twice) before training started; nothing was "
+                  "trained: rerun the same command to start.")
+
+
 def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
-  """Trains; returns the process exit status (130 when interrupted by Ctrl-C)."""
+  """Trains; returns the process exit status (130 when interrupted by Ctrl-C or SIGTERM).
+
+  From its first line to the training loop a first Ctrl-C or SIGTERM is held
+  (`signals.StartUp`): one process stops at its next start-up stage with one line, nothing
+  trained or written; the processes of a multi-process run leave it to the loop, which stops
+  them all at one step."""
+  with signals.StartUp(_startup_message, _STARTUP_ABORT) as startup:
+    return _run(args, overrides, startup)
+
+
+def _interrupted(startup: signals.StartUp, config: Any = None) -> bool:
+  """Whether a signal held at start-up ends the command here (one process: after one line)."""
+  if not startup.requested:
+    return False
+  if os.environ.get("LRA_DISTRIBUTED", "0") == "1" or (
+      config is not None and bool(config.get("distributed", False))):
+    return False   # every process stops at the loop's agreed step
+  print(f"error: interrupted by {signals.signal_label(startup.signum)} before training "
+        f"started; nothing was trained: rerun the same command to start.", file=sys.stderr)
+  return True
+
+
+def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
+         startup: signals.StartUp) -> int:
   try:  # a bad name, override or value: say which in one line, before any heavy import
     _check_names(args)
     config = configs.build_config(args.task, attention=args.attention, size=args.size,
@@ -184,6 +219,8 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     print(f"Continuing the finished run in {workdir} from step {stored['steps']} to "
           f"{config.num_train_steps} (num_train_steps: {stored['steps']} -> "
           f"{config.num_train_steps}).", flush=True)
+  if _interrupted(startup, config):
+    return 130
   from lra import compiling, train  # heavy imports only once the arguments are valid
   from lra.data import archives
   task = tasks_lib.get_task(config.task)
@@ -192,20 +229,27 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  if _interrupted(startup, config):
+    return 130
   with compiling.compile_cache(not getattr(args, "no_compile_cache", False)):
     if dry_steps is not None:
-      return dry_run(config, workdir, dry_steps)
+      status = dry_run(config, workdir, dry_steps)
+      return 130 if _interrupted(startup) else status
     if not getattr(args, "no_preflight", False):
       status, plans = run_preflight(config, workdir, yes=getattr(args, "yes", False))
       if status:
-        return status
+        return 130 if _interrupted(startup) else status
     else:
       plans = []
+    if _interrupted(startup, config):
+      return 130
     try:
       task.prepare(config.data)
     except (ValueError, archives.DataMissingError, archives.CorruptArchiveError) as e:
       print(f"error: {e}", file=sys.stderr)
       return 2
+    if _interrupted(startup, config):
+      return 130
     print(f"Training {args.task} ({schema.run_label(config)}) in {workdir}", flush=True)
     try:
       results = phases.run(config, workdir, plans=plans)

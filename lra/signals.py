@@ -30,7 +30,9 @@ reaches it late, as a cluster's signal reaches its tasks seconds apart.
 from __future__ import annotations
 
 import atexit
+import os
 import signal
+import sys
 import threading
 from typing import Callable
 
@@ -123,4 +125,53 @@ class StopRequest:
     for sig, previous in self._previous.items():
       signal.signal(sig, previous)
     self._previous.clear()
+    return False
+
+
+class StartUp:
+  """`lra run` from its first line to its training loop (imports, checks, the preflight's
+  compiles, the data): the first SIGINT or SIGTERM is held (printing `message` once), so that
+  no KeyboardInterrupt lands in a library's callback, where it is lost (jax's gc callback) or
+  aborts the process (a compile thread still inside XLA at exit). `requested` says whether one
+  was held: the command stops at its next stage with one line; a run of several processes
+  instead leaves it for the training loop's StopRequest, which takes a held signal as its first
+  request, so that all processes stop at one step. A second Ctrl-C stops at once: `abort` is
+  printed to stderr and the process ends with status 130 without running Python's exit (nothing
+  has been trained; a compile thread would otherwise abort the interpreter's shutdown).
+  Main thread only, like StopRequest."""
+
+  def __init__(self, message: Callable[[int], str], abort: str):
+    self.message = message
+    self.abort = abort
+    self._previous: dict[int, object] = {}
+
+  @property
+  def requested(self) -> bool:
+    return bool(_held)
+
+  @property
+  def signum(self) -> int | None:
+    return _held[0] if _held else None
+
+  def handle(self, signum: int, frame=None) -> None:
+    del frame
+    if _held and signum == signal.SIGINT:
+      print(self.abort, file=sys.stderr, flush=True)
+      sys.stdout.flush()
+      os._exit(130)
+    if not _held:
+      print(self.message(signum), flush=True)
+    _held.append(signum)
+
+  def __enter__(self) -> "StartUp":
+    if threading.current_thread() is threading.main_thread():
+      for sig in SIGNALS:
+        self._previous[sig] = signal.signal(sig, self.handle)
+    return self
+
+  def __exit__(self, *exc) -> bool:
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
+    self._previous.clear()
+    _held.clear()   # taken by the run's StopRequest, or it ended the command
     return False
