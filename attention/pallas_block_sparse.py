@@ -135,7 +135,10 @@ def tile_lists(patterns: tuple[Pattern, ...], length: int, bq: int, bk: int) -> 
   cls[:, np.arange(nq) * bq >= length, :] = 0
   cls[:, :, np.arange(nk) * bk >= length] = 0
   tid = np.where(cls == 1, ids + 1, 0).astype(np.int32)
-  tiles = np.stack([np.ones((bq, bk), bool)] + list(stored)).astype(np.int8)
+  tiles = np.zeros((_pow2(len(stored) + 1), bq, bk), np.int8)     # a power of two, for Triton
+  tiles[0] = 1
+  if stored:
+    tiles[1:len(stored) + 1] = np.stack(stored)
   return Lists(*_rows(cls, tid), *_rows(cls.transpose(0, 2, 1), tid.transpose(0, 2, 1)), tiles)
 
 
