@@ -71,6 +71,9 @@ def unable(kind: str, backend: str, args: Mapping[str, Any], *, global_tokens: b
       return "tokamax's local window has no global tokens."
   if backend == "splash" and kind == "band" and global_tokens and causal:
     return "splash computes global tokens of bidirectional band layers only."
+  # pallas refuses nothing it lists: the band kernel takes every band layer (causal globals
+  # included), the block-sparse kernel every argument of bigbird, sparse, block_local and
+  # block_sparse (their patterns, causal, padding; sparse's xla block_size is not needed).
   return None
 
 
