@@ -15,7 +15,10 @@ writes report is dropped (`_quiet_save`).
 Checksums (`fingerprint`): for every array, the sum of its bits as uint32 words and the sum of
 those words times odd position weights, both modulo 2^32, computed on device. Integer sums do
 not depend on the order of addition, so the value is the same whatever the sharding or process
-count, and any change of one byte of one array changes it.
+count, and any change of one byte of one array changes it. The `data` item's own values (the
+iterator's position, the open window's metric sums, a best checkpoint's validation record) are
+covered by a SHA-256 of their JSON (`data_digest`), so an edited value is refused like a
+damaged array.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -99,6 +103,18 @@ def fingerprint(tree: Any) -> str:
   digest = hashlib.sha256(str(jax.tree.structure(tree)).encode())
   digest.update(words.astype("<u4").tobytes())
   return digest.hexdigest()[:32]
+
+
+def _plain(value: Any) -> Any:
+  if isinstance(value, np.generic):
+    return value.item()
+  raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def data_digest(data_state: dict) -> str:
+  """A checksum of the `data` item's values (its JSON with sorted keys)."""
+  text = json.dumps(data_state, sort_keys=True, separators=(",", ":"), default=_plain)
+  return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def checksums(state: Any) -> dict[str, str]:
@@ -254,7 +270,7 @@ class Checkpointer:
           f"training diverged: the train state at step {step} holds NaN or infinite values, "
           f"so it was not saved; rerun with a lower --config.learning_rate (or "
           f"--config.grad_clip): {since}.")
-    data_state = {**data_state, CHECKSUMS: checksums(state)}
+    data_state = {**data_state, CHECKSUMS: {**checksums(state), "data": data_digest(data_state)}}
     with _quiet_save():
       self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
@@ -290,6 +306,10 @@ class Checkpointer:
         if saved is not None and saved["state"] != fingerprint(restored["state"]):
           raise CheckpointError("its arrays do not match the checksums saved with them "
                                 "(damaged files)")
+        if saved is not None and "data" in saved and saved["data"] != data_digest(data_state):
+          raise CheckpointError("its data/metadata values (the data position, the metric sums "
+                                "or the best record) do not match the checksum saved with them "
+                                "(edited or damaged)")
       except Exception as e:  # noqa: BLE001 - any failure means: try the previous step
         cause = str(e).splitlines()[0][:300] if str(e) else ""
         errors.append(f"step {step}: {type(e).__name__}: {cause}")

@@ -2,6 +2,7 @@
 (checksums of the arrays), unfinished saves removed, and a clear error (never a silent fresh
 start) when no checkpoint restores."""
 
+import json
 import os
 import shutil
 
@@ -59,6 +60,41 @@ def test_fallback_warning_is_loud(tmp_path, mesh, capsys):
   out = capsys.readouterr().out
   assert step == 1
   assert "WARNING" in out and "step 2" in out and "trying the previous step" in out
+
+
+@pytest.mark.parametrize("edit", [
+    ("train_iterator", "next_index", 3),          # the data position
+    ("train_sums", "loss_sum", 1.5),              # the open window's metric sums
+    ("best", "accuracy", 0.99),                   # a best checkpoint's validation record
+])
+def test_an_edited_data_value_is_refused_like_a_damaged_array(tmp_path, mesh, capsys, edit):
+  """The `data` item's JSON is checksummed: one changed value makes the step unusable (one
+  warning line) and the previous step is restored."""
+  group, key, value = edit
+  ckpt = checkpoint.Checkpointer(str(tmp_path), every=1, keep=3)
+  for step in (1, 2):
+    data = {"train_iterator": {"next_index": 4 * step}, "train_sums": {"loss_sum": 0.5 * step},
+            "best": {"accuracy": 0.25 * step, "step": step}}
+    ckpt.save(step, make_state(step, mesh), data)
+  (path,) = [p for p in (tmp_path / "2" / "data").iterdir() if p.name == "metadata"]
+  saved = json.loads(path.read_text())
+  assert saved[group][key] != value
+  saved[group][key] = value
+  path.write_text(json.dumps(saved))
+  _, data, step = ckpt.restore_latest(checkpoint.abstract_like(make_state(0, mesh)))
+  out = capsys.readouterr().out
+  assert step == 1 and data["train_iterator"] == {"next_index": 4}
+  assert out.count("\n") == 1 and "WARNING: checkpoint step 2" in out
+  assert "data/metadata values" in out and "do not match the checksum" in out
+
+
+def test_the_data_checksum_follows_the_json_values():
+  a = {"train_iterator": {"next_index": 4}, "train_sums": {"loss": 0.1, "n": np.float32(2)}}
+  assert checkpoint.data_digest(a) == checkpoint.data_digest(json.loads(json.dumps(
+      {**a, "train_sums": {"loss": 0.1, "n": 2.0}})))
+  assert checkpoint.data_digest(a) != checkpoint.data_digest(
+      {**a, "train_iterator": {"next_index": 5}})
+  assert checkpoint.data_digest({"x": 1, "y": 2}) == checkpoint.data_digest({"y": 2, "x": 1})
 
 
 def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(tmp_path, mesh):

@@ -108,3 +108,44 @@ def test_more_steps_continue_from_the_last_checkpoint(finished, tmp_path):
                 if n.isdigit())[-1] == STEPS + 6
   # ... and the original is untouched.
   assert snapshot(workdir) == files
+
+
+def test_edited_checkpoint_metadata_is_refused_in_one_line_and_the_run_ends_the_same(
+    finished, tmp_path):
+  """F5: the data position of the last checkpoint and the best record edited by hand (as a
+  damaged or tampered file would be) in a run killed after its last save: each is named in one
+  WARNING line, the run resumes from the checkpoint before, rebuilds the best, and ends exactly
+  as the run that was never damaged."""
+  workdir, data_dir, _, first_out = finished
+  folder = str(tmp_path / "edited")
+  subprocess.run(["cp", "-a", workdir, folder], check=True)
+  os.remove(os.path.join(folder, "results.json"))   # killed after its last save
+  best = os.listdir(os.path.join(folder, "best"))[0]
+  for path, group, key in (
+      (os.path.join(folder, "checkpoints", str(STEPS), "data", "metadata"), "train_iterator",
+       "next_index"),
+      (os.path.join(folder, "best", best, "data", "metadata"), "best", "accuracy")):
+    with open(path) as f:
+      saved = json.load(f)
+    saved[group][key] = 0.99 if key == "accuracy" else saved[group][key] - 10
+    with open(path, "w") as f:
+      json.dump(saved, f)
+  again = lra_run(folder, data_dir)
+  assert again.returncode == 0, again.stderr[-3000:]
+  warnings = [x for x in again.stdout.splitlines() if x.startswith("WARNING")]
+  assert len(warnings) == 2, again.stdout
+  assert f"checkpoint step {STEPS}" in warnings[0] and "data/metadata values" in warnings[0]
+  assert "best checkpoint" in warnings[1] and "data/metadata values" in warnings[1]
+  assert f"at step {STEPS - 4}" in again.stdout
+  assert again.stdout.strip().splitlines()[-1].replace(folder, workdir) == \
+      first_out.strip().splitlines()[-1]
+  records = {}
+  for name, base in (("edited", folder), ("first", workdir)):
+    with open(os.path.join(base, "metrics.jsonl")) as f:
+      records[name] = [{k: v for k, v in json.loads(line).items()
+                        if k not in ("steps_per_second", "wall_seconds", "time")} for line in f]
+    with open(os.path.join(base, "results.json")) as f:
+      records[name + " results"] = json.load(f)
+  assert records["edited"] == records["first"]
+  for key in ("test_accuracy", "test_loss", "best_validation_accuracy", "best_validation_step"):
+    assert records["edited results"][key] == records["first results"][key], key
