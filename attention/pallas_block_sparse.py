@@ -126,7 +126,7 @@ def tile_lists(patterns: tuple[Pattern, ...], length: int, bq: int, bk: int) -> 
   padded = padded_length(length, bq, bk)
   nq, nk = padded // bq, padded // bk
   # splash_masks' classification: class 0 empty, 1 partial (ids: its stored tile), 2 full.
-  cls, ids, stored, head_to_unique = splash_masks._classify(patterns, nq, nk, nk, bq, bk)
+  cls, ids, stored, head_to_unique = splash_masks.classify(patterns, nq, nk, nk, bq, bk)
   if cls.shape[0] > 1:                                   # heads differ: one list per head
     cls, ids = cls[head_to_unique], ids[head_to_unique]
   if stored:

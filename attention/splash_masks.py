@@ -237,8 +237,8 @@ def _downcast(x: np.ndarray) -> np.ndarray:
   return x.astype(np.int32)
 
 
-def _classify(patterns: tuple[Pattern, ...], nq: int, nk: int, nk_main: int, bq: int,
-              bkv: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], np.ndarray]:
+def classify(patterns: tuple[Pattern, ...], nq: int, nk: int, nk_main: int, bq: int,
+             bkv: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], np.ndarray]:
   """Tile classes and stored-tile ids of each distinct pattern.
 
   Returns (class int8 `[U, nq, nk]`, tile id int32 `[U, nq, nk]` (-1: none), the stored tiles,
@@ -363,7 +363,7 @@ def mask_infos(patterns: tuple[Pattern, ...], q_len: int, kv_len: int, main_len:
   if q_len % bq or kv_len % bkv or main_len % bkv:
     raise ValueError(f"lengths ({q_len}, {kv_len}, {main_len}) must be multiples of the tiles "
                      f"({bq}, {bkv}).")
-  cls, ids, tiles, head_to_unique = _classify(patterns, q_len // bq, kv_len // bkv,
+  cls, ids, tiles, head_to_unique = classify(patterns, q_len // bq, kv_len // bkv,
                                               main_len // bkv, bq, bkv)
   if cls.shape[0] > 1:
     cls, ids = cls[head_to_unique], ids[head_to_unique]

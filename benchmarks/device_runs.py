@@ -20,7 +20,8 @@ from benchmarks.device_common import ROOT, Budget, Recorder
 TEST_FILES = ("band_test.py", "block_sparse_test.py", "flash_test.py", "sparse_patterns_test.py",
               "favor_test.py", "linear_test.py", "linformer_test.py", "lsh_test.py",
               "kinds_test.py", "models_test.py", "checkpoint_test.py", "precision_test.py",
-              "splash_test.py", "pallas_band_test.py", "backends_test.py")
+              "splash_test.py", "pallas_band_test.py", "pallas_block_sparse_test.py",
+              "backends_test.py")
 REHEARSE_TEST_FILES = ("precision_test.py", "kinds_test.py")
 LRA_STEPS = 5000
 LRA_KINDS = ("dot_product", "band")
