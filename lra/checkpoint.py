@@ -128,14 +128,38 @@ def checksums(state: Any) -> dict[str, str]:
 @contextlib.contextmanager
 def _quiet_orbax():
   """Drops orbax's log records (it logs through absl's logger) for the block: a failed restore
-  is reported in one line by the checkpointer, not by orbax's tracebacks."""
+  is reported in one line by the checkpointer, not by orbax's tracebacks. When the restore
+  fails, the reads it abandoned complete later into the event loop orbax has closed, and
+  tensorstore prints each "Event loop is closed" error through `sys.excepthook` (or
+  `sys.unraisablehook`): those are dropped from then on, for the rest of the process."""
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
   absl_logger.setLevel(logging.CRITICAL)
   try:
     yield
+  except BaseException:
+    _drop_loop_closed_errors()
+    raise
   finally:
     absl_logger.setLevel(level)
+
+
+def _drop_loop_closed_errors() -> None:
+  """From now on, "Event loop is closed" errors of abandoned reads and writes are not printed."""
+  if not isinstance(sys.excepthook, functools.partial):
+    sys.excepthook = functools.partial(_except_unless_loop_closed, sys.excepthook)
+  if not isinstance(sys.unraisablehook, functools.partial):
+    sys.unraisablehook = functools.partial(_unless_loop_closed, sys.unraisablehook)
+  logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+
+
+def _loop_closed(error: BaseException | None) -> bool:
+  return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
+def _except_unless_loop_closed(hook, kind, error, tb) -> None:
+  if not _loop_closed(error):
+    hook(kind, error, tb)
 
 
 @contextlib.contextmanager
@@ -161,8 +185,7 @@ def _quiet_save():
 
 def _unless_loop_closed(hook, unraisable) -> None:
   """Hands `unraisable` to `hook` unless it is an abandoned write's "Event loop is closed"."""
-  error = unraisable.exc_value
-  if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+  if not _loop_closed(unraisable.exc_value):
     hook(unraisable)
 
 

@@ -149,3 +149,26 @@ def test_edited_checkpoint_metadata_is_refused_in_one_line_and_the_run_ends_the_
   assert records["edited"] == records["first"]
   for key in ("test_accuracy", "test_loss", "best_validation_accuracy", "best_validation_step"):
     assert records["edited results"][key] == records["first results"][key], key
+
+
+def test_checkpoints_whose_array_files_are_cut_short_end_in_one_line(finished, tmp_path):
+  """F8: when no checkpoint restores because their array files were cut short, the command ends
+  with its one error line; the reads orbax abandoned, which complete into an event loop it has
+  closed, print nothing ("Event loop is closed" tracebacks came after the line)."""
+  workdir, data_dir, _, _ = finished
+  folder = str(tmp_path / "cut")
+  subprocess.run(["cp", "-a", workdir, folder], check=True)
+  os.remove(os.path.join(folder, "results.json"))
+  steps = sorted(n for n in os.listdir(os.path.join(folder, "checkpoints")) if n.isdigit())
+  for step in steps:
+    state = os.path.join(folder, "checkpoints", step, "state")
+    for base, _, names in os.walk(state):
+      for name in names:
+        if os.path.basename(base) == "d":   # the OCDBT data files
+          os.truncate(os.path.join(base, name), 50)
+  again = lra_run(folder, data_dir)
+  assert again.returncode == 2, again.stdout[-2000:]
+  assert again.stderr.count("\n") == 1, again.stderr
+  assert again.stderr.startswith("error: none of the checkpoints"), again.stderr
+  warnings = [x for x in again.stdout.splitlines() if x.startswith("WARNING: checkpoint step")]
+  assert len(warnings) == len(steps), again.stdout
