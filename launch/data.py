@@ -14,16 +14,27 @@ task's first size (base) with what it needs.
 `$LRA_DATA/manual`, `$LRA_DATA` defaulting to `~/lra_data`), downloading them first when they are
 absent and the machine is online (unless `--no_download`). The data settings are those of the
 task's config for `--size` (default base), with `--config.data.*` overrides.
+
+A data folder in a bucket (`LRA_DATA=gs://BUCKET/lra_data`, or `--config.data.data_dir=gs://...`)
+is prepared locally and then copied there: tfds' array_record writer writes local files only,
+while training reads array_record files from a bucket directly. The dataset is built in a
+temporary local folder (with a bucket manual dir, its archives are looked for, or downloaded, in
+a local `manual/` there; `--manual_dir DIR` names a local one), then its version folder is
+uploaded file by file, `dataset_info.json` last: readers take a dataset for prepared when that
+file is there, so an upload cut short is never used, and the next `prepare` uploads it again.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
 from typing import Sequence
 
 import configs
-from lra import schema
+from lra import schema, storage
 from lra import tasks
 
 
@@ -109,9 +120,34 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     data = data_config(args.task, args.size or "base", args.manual_dir, overrides)
     if not args.download and "download" in data:
       data.download = False
-    folder = task.prepare(data)
+    folder = (_prepare_into_bucket(task, data, args.task) if storage.is_remote(data.data_dir)
+              else task.prepare(data))
   except (archives.DataMissingError, archives.CorruptArchiveError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(f"{args.task}: dataset ready in {folder}")
   return 0
+
+
+def _prepare_into_bucket(task, data, name: str) -> str:
+  """Builds `task`'s dataset for data settings `data` (whose data_dir is in a bucket) in a local
+  temporary folder and uploads its version folder to the same place under data_dir, the
+  `dataset_info.json` that marks it prepared last; returns the bucket folder."""
+  storage.check_remote(data.data_dir)   # one line: no gcsfs, no such bucket, no credentials
+  status = task.status(data)
+  if status.ready:
+    return status.detail
+  staging = tempfile.mkdtemp(prefix="lra-data-")
+  try:
+    local = data.copy_and_resolve_references()
+    local.data_dir = os.path.join(staging, "data")
+    if "manual_dir" in local and storage.is_remote(local.manual_dir):
+      local.manual_dir = os.path.join(staging, "manual")
+    built = task.prepare(local)
+    rel = os.path.relpath(built, local.data_dir)
+    dest = storage.join(data.data_dir, *rel.split(os.sep))
+    count = storage.copy_tree(built, dest, last="dataset_info.json")
+    print(f"{name}: copied {count} files to {dest}.", file=sys.stderr, flush=True)
+    return dest
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)

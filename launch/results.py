@@ -10,8 +10,9 @@ or a staged run's current phase against that phase's default, leaving out the se
 files live), seed, steps done and in all, the best validation metric and its step, the test
 metric (bits per character when the run has them, else accuracy), the parameter count (the
 `param_count` the trainer writes into `results.json`, a staged run's from its last phase; blank
-while there is none), the wall time of the invocations that finished each part, and the
-status: `finished`; `pending` (a sweep point not started yet); `running` (a live process on
+while there is none), where it ran (from the same results.json: the process count, the device
+count and platform, the mesh axes larger than 1, the attention backend), the wall time of the
+invocations that finished each part, and the status: `finished`; `pending` (a sweep point not started yet); `running` (a live process on
 this host holds the run's lock, or the sweep started it and it is still alive); `failed` (its
 last sweep attempt exited with an error or, without a sweep record, an `error.log`), with the
 reason; `interrupted` otherwise.
@@ -22,7 +23,8 @@ within one point of the majority-class rate, and the average over the tasks but 
 shared by every run are printed once above it, and a second table gives the parameter counts.
 
 Everything comes from the runs' files and their configs: no model is built and jax is never
-imported, so the table is instant.
+imported, so the table is instant. DIR may be a bucket (`gs://...`): the folders are listed and
+the files read through lra.storage, and a bucket that cannot be used is refused in one line.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any, Iterable, Sequence
 import configs
 from launch import run_state
 from launch.values import config_arg_fields, flatten, value_text
-from lra import phases
+from lra import phases, storage
 
 # (name, test field, best-validation field, validation-record field, higher is better): a run's
 # metric is the first whose test field its results.json has.
@@ -53,7 +55,8 @@ LRA_TASKS = (("listops", "ListOps"), ("text", "Text"), ("retrieval", "Retrieval"
              ("image", "Image"), ("pathfinder", "Pathfinder"), ("pathx", "Path-X"))
 COLUMNS = ("run", "task", "attention", "size", "overrides", "seed", "steps", "total_steps",
            "metric", "best_validation", "best_step", "test", "majority_class_rate", "params",
-           "wall_seconds", "status", "reason")
+           "processes", "devices", "platform", "mesh", "backend", "wall_seconds", "status",
+           "reason")
 FORMATS = ("markdown", "csv", "json")
 _HIGHER = {m[0]: m[4] for m in METRICS}
 _NOT_RUNS = {"checkpoints", "best", "tensorboard"}
@@ -63,7 +66,7 @@ _STEP_DIR = re.compile(r"\d+")
 def find_runs(root: str) -> list[str]:
   """The run folders under `root` (itself included), sorted by path."""
   runs = []
-  for base, dirs, files in os.walk(root):
+  for base, dirs, files in storage.walk(root):
     dirs[:] = sorted(d for d in dirs if d not in _NOT_RUNS)
     marks = {"config.json", "results.json", run_state.RECORD} & set(files)
     if marks or run_state.phase_dirs(base):
@@ -110,8 +113,8 @@ def overrides_of(config: dict[str, Any], phase: int = 0, staged: bool = False) -
 
 def _finished_steps(directory: str) -> list[int]:
   try:
-    return sorted(int(n) for n in os.listdir(directory) if _STEP_DIR.fullmatch(n))
-  except OSError:
+    return sorted(int(n) for n in storage.listdir(directory) if _STEP_DIR.fullmatch(n))
+  except (OSError, ValueError):
     return []
 
 
@@ -138,32 +141,51 @@ def _text(v: Any) -> str:
   return v if isinstance(v, str) else ""
 
 
+def _text_of(path: str) -> str | None:
+  """A file's text, undecodable bytes replaced; None when it is missing or unreadable."""
+  try:
+    data = storage.read_bytes(path)
+  except (OSError, ValueError):
+    return None
+  return None if data is None else data.decode("utf-8", "replace")
+
+
+def _last_line(path: str) -> str:
+  text = _text_of(path) or ""
+  lines = [x.strip() for x in re.split(r"[\r\n]", text[-8192:]) if x.strip()]
+  return lines[-1] if lines else ""
+
+
 def _best_so_far(part: str, metric) -> tuple[float | None, int | None]:
   """The best validation value and step in a run's metrics.jsonl (for unfinished runs); lines
   that are not records (damaged, cut short, not UTF-8) are passed over."""
   best, step = None, None
-  try:
-    with open(os.path.join(part, "metrics.jsonl"), encoding="utf-8", errors="replace") as f:
-      for line in f:
-        try:
-          r = json.loads(line)
-        except ValueError:
-          continue
-        if not isinstance(r, dict) or r.get("split") != "validation":
-          continue
-        v = _number(r.get(metric[3]))
-        if v is not None and (best is None or (v > best if metric[4] else v < best)):
-          best, step = v, _integer(r.get("step"))
-  except OSError:
-    pass
+  for line in (_text_of(storage.join(part, "metrics.jsonl")) or "").splitlines():
+    try:
+      r = json.loads(line)
+    except ValueError:
+      continue
+    if not isinstance(r, dict) or r.get("split") != "validation":
+      continue
+    v = _number(r.get(metric[3]))
+    if v is not None and (best is None or (v > best if metric[4] else v < best)):
+      best, step = v, _integer(r.get("step"))
   return best, step
+
+
+def _mesh(v: Any) -> str | None:
+  """A results.json mesh ({axis: size}) as its axes larger than 1 (`data=2,tensor=4`), or `1`
+  (one device); None when it is not such a record."""
+  if not isinstance(v, dict) or not all(_integer(n) is not None for n in v.values()):
+    return None
+  return ",".join(f"{axis}={n}" for axis, n in v.items() if n > 1) or "1"
 
 
 def _damaged(paths: Sequence[str]) -> str:
   """The reason a run's results are not shown when one of `paths` (results.json files) exists
   but holds no JSON object: '' when none does."""
   for path in paths:
-    if os.path.exists(path) and run_state.read_dict(path) is None:
+    if storage.exists(path) and run_state.read_dict(path) is None:
       return (f"{path} is damaged (not a JSON object); rerun the same command to write it "
               f"again")
   return ""
@@ -230,14 +252,17 @@ def _read_run(root: str, run_dir: str) -> dict[str, Any]:
          "size": arg.size, "overrides": " ".join(overrides),
          "seed": _integer(config.get("seed")), "steps": done_steps, "total_steps": sum(totals) or None,
          "metric": metric[0], "best_validation": None, "best_step": None, "test": None,
-         "majority_class_rate": None, "params": None,
-         "wall_seconds": None, "status": "", "reason": "", "_overrides": overrides}
+         "majority_class_rate": None, "params": None, "processes": None, "devices": None,
+         "platform": "", "mesh": None, "backend": "", "wall_seconds": None, "status": "", "reason": "", "_overrides": overrides}
   last = final or results[current]
   if last:
     row.update(best_validation=_number(last.get(metric[2])),
                best_step=_integer(last.get("best_validation_step")),
                majority_class_rate=_number(last.get("majority_class_rate")),
-               params=_integer(last.get("param_count")))
+               params=_integer(last.get("param_count")),
+               processes=_integer(last.get("process_count")),
+               devices=_integer(last.get("device_count")), platform=_text(last.get("platform")),
+               mesh=_mesh(last.get("mesh")), backend=_text(last.get("attention_backend")))
   else:
     row["best_validation"], row["best_step"] = _best_so_far(parts[current], metric)
   attempts = [a for a in record.get("attempts") or [] if isinstance(a, dict)] \
@@ -259,11 +284,11 @@ def _read_run(root: str, run_dir: str) -> dict[str, Any]:
   elif damaged:   # as `lra sweep` sees it: not finished, so its rerun writes it again
     row.update(status="interrupted", reason=damaged)
   else:
-    logs = [os.path.join(p, "error.log") for p in (run_dir, *parts)]
-    failed = [p for p in logs if os.path.exists(p)]
+    logs = [storage.join(p, "error.log") for p in (run_dir, *parts)]
+    failed = [p for p in logs if storage.exists(p)]
     row["status"] = "failed" if failed else "interrupted"
     if failed:
-      row["reason"] = f"{run_state.last_line(failed[-1])} (see {failed[-1]})"
+      row["reason"] = f"{_last_line(failed[-1])} (see {failed[-1]})"
   return row
 
 
@@ -303,7 +328,8 @@ def _md(cells: Iterable[Any]) -> str:
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
   header = ("run", "task", "attention", "size", "overrides", "seed", "steps",
-            "best validation (step)", "test", "params", "wall", "status")
+            "best validation (step)", "test", "params", "procs", "devices", "mesh", "backend",
+            "wall", "status")
   lines = [_md(header), _md("---" for _ in header)]
   for r in rows:
     best = "-" if r["best_validation"] is None else \
@@ -313,6 +339,10 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
                       "-" if r["seed"] is None else r["seed"], steps, best,
                       _value(r["test"], r["metric"]),
                       "-" if r["params"] is None else f"{r['params']:,}",
+                      "-" if r["processes"] is None else r["processes"],
+                      "-" if r["devices"] is None else
+                      f"{r['devices']} {r['platform']}".strip(),
+                      r["mesh"] or "-", r["backend"] or "-",
                       _seconds(r["wall_seconds"]), r["status"])))
   lines += [f"{r['status']}: {r['run']}: {r['reason']}" for r in rows if r["reason"]]
   return "\n".join(lines)
@@ -408,7 +438,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
   """`lra results`: prints the table; 0 when there are runs, 1 when none, 2 on bad input."""
-  if not os.path.isdir(args.dir):
+  try:
+    is_folder = storage.isdir(args.dir)
+  except ValueError as e:   # a bucket that cannot be used (storage.BucketError)
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if not is_folder:
     print(f"error: {args.dir} is not a folder.", file=sys.stderr)
     return 2
   if args.sort not in COLUMNS:

@@ -36,8 +36,8 @@ _PHASE = re.compile(r"phase(\d+)")
 def phase_dirs(path: str) -> list[str]:
   """The phase folders of a staged run (`phase1`, `phase2`, ...), in order."""
   try:
-    names = [n for n in os.listdir(path) if _PHASE.fullmatch(n)]
-  except OSError:
+    names = [n for n in storage.listdir(path) if _PHASE.fullmatch(n)]
+  except (OSError, ValueError):   # ValueError: a bucket that cannot be used
     return []
   return sorted(names, key=lambda n: int(n[5:]))
 

@@ -31,6 +31,11 @@ its own SLURM job through launch/slurm.py (launch/dispatch.py runs both). The ru
 `<launch_dir>/<name>/`. For these runners the folders of the runs are left to `lra run` (no
 log.txt or sweep.json), and `--dry_run` prints each point's `lra run` command as a `#` line and
 then its gcloud commands or its sbatch command.
+
+DIR may be a bucket (`gs://...`): the sweep's files go through lra.storage like the trainer's.
+An object cannot be appended to while a run writes it, so a run's output goes to a local file
+(`spool_path`, printed when the run starts) while it runs, and is appended to its `log.txt` in
+the bucket when it ends.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -54,7 +60,7 @@ from launch import dispatch, remote, run_state, slurm, tpu
 from launch import train as train_launcher
 from launch.run_state import LOG, RECORD
 from launch.values import flatten, value_text
-from lra import signals
+from lra import signals, storage
 from lra import tasks as tasks_lib
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._,=+-]")
@@ -154,15 +160,21 @@ def expand(task: str, sweep: str | None = None, *, arg: str = "",
 
 
 def _write_record(run_dir: str, record: dict[str, Any]) -> None:
-  path = os.path.join(run_dir, RECORD)
-  with open(path + ".tmp", "w") as f:
-    json.dump(record, f, indent=2)
-  os.replace(path + ".tmp", path)
+  storage.write_text(storage.join(run_dir, RECORD), json.dumps(record, indent=2))
 
 
 def _note(run_dir: str, text: str) -> None:
-  with open(os.path.join(run_dir, LOG), "a") as f:
-    f.write(f"[sweep {time.strftime('%Y-%m-%d %H:%M:%S')}] {text}\n")
+  storage.append_text(storage.join(run_dir, LOG),
+                      f"[sweep {time.strftime('%Y-%m-%d %H:%M:%S')}] {text}\n")
+
+
+def spool_path(run_dir: str) -> str:
+  """Where a run's output goes while it runs: its log.txt, or for a run in a bucket a local
+  file (in the temporary folder, named after the run's path) appended to log.txt at its end."""
+  if not storage.is_remote(run_dir):
+    return storage.join(run_dir, LOG)
+  digest = hashlib.sha256(run_dir.encode()).hexdigest()[:16]
+  return os.path.join(tempfile.gettempdir(), f"lra-sweep-{digest}.log")
 
 
 def _send(children: Sequence[subprocess.Popen], signum: int) -> None:
@@ -184,14 +196,15 @@ def _new_record(point: Point, task: str, workdir: str, attempts: list[dict[str, 
 
 
 def _start(point: Point, task: str, workdir: str, total: int) -> tuple[subprocess.Popen, float]:
-  run_dir = os.path.join(workdir, point.name)
+  run_dir = storage.join(workdir, point.name)
   argv = point.argv(task, workdir)
   record = run_state.read_record(run_dir)
   if record.get("command") and record["command"] != argv:
     _note(run_dir, "the command differs from the previous attempt's; the trainer resumes with "
                    "the new config and keeps the old one as config.previous.json.")
   _note(run_dir, f"starting: lra {shlex.join(argv)}")
-  log = open(os.path.join(run_dir, LOG), "a")
+  spool = spool_path(run_dir)
+  log = open(spool, "a" if spool == storage.join(run_dir, LOG) else "w")   # noqa: SIM115
   child = subprocess.Popen([sys.executable, "-m", "launch.cli", *argv], stdout=log,
                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
   log.close()
@@ -199,14 +212,20 @@ def _start(point: Point, task: str, workdir: str, total: int) -> tuple[subproces
   attempts.append({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(),
                    "pid": child.pid})
   _write_record(run_dir, _new_record(point, task, workdir, attempts))
-  print(f"[{point.index}/{total}] {point.name}: started (log {os.path.join(run_dir, LOG)})",
-        flush=True)
+  where = storage.join(run_dir, LOG)
+  where = where if spool == where else f"{spool}, then appended to {where}"
+  print(f"[{point.index}/{total}] {point.name}: started (log {where})", flush=True)
   return child, time.time()
 
 
 def _finish(point: Point, workdir: str, rc: int, seconds: float) -> str:
-  run_dir = os.path.join(workdir, point.name)
-  line = run_state.last_line(os.path.join(run_dir, LOG))
+  run_dir = storage.join(workdir, point.name)
+  spool = spool_path(run_dir)
+  line = run_state.last_line(spool)
+  if spool != storage.join(run_dir, LOG):   # a run in a bucket: its output joins its log.txt
+    with open(spool, encoding="utf-8", errors="replace") as f:
+      storage.append_text(storage.join(run_dir, LOG), f.read())
+    os.remove(spool)
   record = run_state.read_record(run_dir)
   if record.get("attempts"):
     record["attempts"][-1].update(exit_code=rc, seconds=round(seconds, 1), last_line=line)
@@ -220,8 +239,8 @@ def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int) 
   total = len(points)
   todo, skipped, busy = [], [], []
   for p in points:
-    run_dir = os.path.join(workdir, p.name)
-    os.makedirs(run_dir, exist_ok=True)
+    run_dir = storage.join(workdir, p.name)
+    storage.makedirs(run_dir)
     if run_state.finished(run_dir, p.staged_phases):
       _note(run_dir, "finished earlier (results.json exists); skipped.")
       skipped.append(p)
@@ -278,7 +297,7 @@ def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int) 
   for p, pid in busy:
     print(f"  running elsewhere: {p.name} (process {pid})", flush=True)
   for p, rc, line in sorted(failed, key=lambda f: f[0].index):
-    log = os.path.join(workdir, p.name, LOG)
+    log = storage.join(workdir, p.name, LOG)
     print(f"  failed: {p.name} (exit {rc}): {line or 'no output'} [log {log}]", flush=True)
   if stopped:
     stopped.sort(key=lambda p: p.index)
@@ -326,10 +345,15 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   if args.dry_run:
     for p in points:
       print("lra " + shlex.join(p.argv(args.task, args.workdir)))
-    done = sum(run_state.finished(os.path.join(args.workdir, p.name), p.staged_phases)
+    done = sum(run_state.finished(storage.join(args.workdir, p.name), p.staged_phases)
                for p in points)
     if done:
       print(f"({done} of {len(points)} have finished in {args.workdir}; a sweep skips them.)",
             file=sys.stderr)
     return 0
+  try:
+    storage.check_remote(args.workdir)   # a bucket: one line when it cannot be used
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   return run_points(points, args.task, args.workdir, args.parallel)

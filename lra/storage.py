@@ -171,6 +171,40 @@ def read_text(path: Any) -> str | None:
                      f"(the run then writes it afresh).") from None
 
 
+def read_bytes(path: Any) -> bytes | None:
+  """The file's bytes, or None when it does not exist."""
+  p = _path(path)
+  return p.read_bytes() if p.exists() else None
+
+
+def walk(top: Any):
+  """`os.walk(top)` (top-down; the caller may prune `dirs` in place), also in a bucket, where
+  each folder is listed afresh (no listing cache: other processes write there)."""
+  top = os.fspath(top)
+  if not is_remote(top):
+    yield from os.walk(top)
+    return
+  check_remote(top)
+  fs = remote_filesystem(top)
+  stack = [top.rstrip("/")]
+  while stack:
+    base = stack.pop()
+    try:
+      entries = fs.ls(base, detail=True, refresh=True) if hasattr(fs, "call") else \
+          fs.ls(base, detail=True)
+    except FileNotFoundError:
+      continue
+    dirs, files = [], []
+    for entry in entries:
+      name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+      if name:
+        (dirs if entry["type"] == "directory" else files).append(name)
+    dirs.sort()
+    files.sort()
+    yield base, dirs, files
+    stack.extend(f"{base}/{d}" for d in reversed(dirs))
+
+
 def write_text(path: Any, text: str) -> None:
   """Writes `text` so that a reader (or a kill) sees the old file or the new one, whole."""
   if is_remote(path):

@@ -240,3 +240,74 @@ def test_a_second_run_on_a_busy_bucket_workdir_is_refused_in_one_line(gcs_server
   assert second.returncode == 2 and len(lines) == 1, second.stderr[-3000:]
   assert lines[0].startswith(f"error: {workdir} is in use by another run (pid {first.pid} on ")
   assert took < 30, took
+
+
+# --- data, sweeps and results in a bucket (end to end) ----------------------------------------
+
+DATA = [a for a in TINY if a.startswith("--config.data.")]
+
+
+@pytest.mark.slow
+def test_data_prepared_into_a_bucket_trains_as_local_data(gcs_server, reference, tmp_path):
+  bucket = gcs_server.new_bucket()
+  data_root = f"gs://{bucket}/lra_data"
+  prepared = lra(["data", "prepare", "listops", "--size", "small", *DATA], data_root)
+  assert prepared.returncode == 0, prepared.stderr[-3000:]
+  folder = prepared.stdout.strip().splitlines()[-1].split("dataset ready in ")[1]
+  assert folder.startswith(f"{data_root}/listops/lra_listops/generated_")
+  names = sorted(p.rsplit("/", 1)[1] for p in gcs_server.fs.find(folder[len("gs://"):]))
+  assert "dataset_info.json" in names and len([n for n in names if ".array_record-" in n]) == 3
+  again = lra(["data", "prepare", "listops", "--size", "small", *DATA], data_root)
+  assert again.returncode == 0 and f"dataset ready in {folder}" in again.stdout
+  assert "copied" not in again.stderr   # already there: nothing built or uploaded
+  # Training reads the bucket's files (array_record through the emulator): the run equals the
+  # reference, whose data was generated locally with the same settings.
+  workdir = str(tmp_path / "run")
+  trained = lra(run_args(workdir), data_root)
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  assert "preparing" not in trained.stderr   # it found the bucket's dataset
+  assert_same_as_reference(workdir, reference)
+
+
+@pytest.mark.slow
+def test_sweep_and_results_in_a_bucket(gcs_server, data_dir, tmp_path):
+  bucket = gcs_server.new_bucket()
+  workdir = f"gs://{bucket}/sweeps/kinds"
+  sweep = ["sweep", "listops", "--sweep", "kinds_small", "--workdir", workdir, "--parallel", "2",
+           *[a for a in TINY if "num_train_steps" not in a], "--config.num_train_steps=4",
+           "--config.eval_every=4", "--config.checkpoint_every=4"]
+  names = [f"attention={k},size=small,seed={s}" for k in ("dot_product", "band") for s in (0, 1)]
+  done = lra(sweep, data_dir, timeout=600)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert "Summary: 4 runs: 4 finished now, 0 finished earlier" in done.stdout
+  assert not os.path.exists(os.path.join(ROOT, "gs:"))   # nothing written to a local "gs:/"
+  for name in names:
+    run = f"{bucket}/sweeps/kinds/{name}"
+    record = json.loads(gcs_server.fs.cat(f"{run}/sweep.json"))
+    assert [a["exit_code"] for a in record["attempts"]] == [0]
+    log = gcs_server.fs.cat(f"{run}/log.txt").decode()
+    assert "[sweep " in log and "test accuracy" in log   # the notes and the run's own output
+  again = lra(sweep, data_dir)
+  assert again.returncode == 0 and "4 finished earlier (skipped)" in again.stdout, again.stdout
+
+  table = lra(["results", workdir], data_dir)
+  assert table.returncode == 0, table.stderr[-3000:]
+  lines = table.stdout.splitlines()
+  header = [c.strip() for c in lines[0].strip("|").split("|")]
+  assert header[-7:] == ["params", "procs", "devices", "mesh", "backend", "wall", "status"]
+  rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+  assert [r[0] for r in rows] == sorted(names)
+  for row in rows:
+    stored = json.loads(gcs_server.fs.cat(f"{bucket}/sweeps/kinds/{row[0]}/results.json"))
+    mesh = ",".join(f"{a}={n}" for a, n in stored["mesh"].items() if n > 1) or "1"
+    assert row[-6:-2] == [str(stored["process_count"]),
+                          f"{stored['device_count']} {stored['platform']}", mesh,
+                          stored["attention_backend"]]
+    assert row[-6:-2] == ["1", "2 cpu", "data=2", "xla"] and row[-1] == "finished"
+  as_json = json.loads(lra(["results", workdir, "--format", "json"], data_dir).stdout)
+  assert {(r["processes"], r["devices"], r["platform"], r["mesh"], r["backend"], r["status"])
+          for r in as_json} == {(1, 2, "cpu", "data=2", "xla", "finished")}
+  missing = lra(["results", f"gs://no-such-bucket-z/runs"], data_dir)
+  assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+      "error: bucket gs://no-such-bucket-z does not exist (a typo?); create it (gcloud storage "
+      "buckets create gs://no-such-bucket-z) or name another."]

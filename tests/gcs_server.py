@@ -8,7 +8,9 @@ tests start inherit:
     `GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`, because gcsfs otherwise first asks the Storage
     Control gRPC API (which the emulator lacks) for the bucket's layout and waits 60 s per bucket;
   * tensorstore (orbax's array writes): `TENSORSTORE_GCS_HTTP_URL` (read by tensorstore's
-    `gcs_http` kvstore driver; with no credentials found it sends anonymous requests).
+    `gcs_http` kvstore driver; with no credentials found it sends anonymous requests);
+  * array_record (the datasets' reader, google-cloud-cpp inside): `CLOUD_STORAGE_EMULATOR_ENDPOINT`
+    (without it, a read of a `gs://` dataset waits on storage.googleapis.com forever).
 The server keeps its objects in a temporary folder (`-backend filesystem`), on a free port.
 When the binary cannot start (another platform, no wheel installed), the tests that use the
 fixture are skipped with the reason.
@@ -28,7 +30,7 @@ import urllib.request
 import pytest
 
 ENV_NAMES = ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
-             "TENSORSTORE_GCS_HTTP_URL")
+             "TENSORSTORE_GCS_HTTP_URL", "CLOUD_STORAGE_EMULATOR_ENDPOINT")
 
 
 class GCSServer:
@@ -49,7 +51,7 @@ class GCSServer:
          "-external-url", self.url, "-log-level", "error"],
         stdout=self.log, stderr=subprocess.STDOUT)
     self.env = {"STORAGE_EMULATOR_HOST": self.url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-                "TENSORSTORE_GCS_HTTP_URL": self.url}
+                "TENSORSTORE_GCS_HTTP_URL": self.url, "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.url}
     self._wait_ready()
     self.fs = None
 
