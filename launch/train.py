@@ -267,8 +267,18 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
       return 2
   if results["interrupted"]:
     return 130
+  _retire_error_log(workdir)
   print(task.result_line(results, phases.results_path(workdir, results)), flush=True)
   return 0
+
+
+def _retire_error_log(workdir: str) -> None:
+  """A run that finished moves an earlier failure's `error.log` to `error.previous.log`, so that
+  a workdir holding an error log is one whose last run failed."""
+  folder = storage.resolve(workdir)
+  log = storage.join(folder, "error.log")
+  if storage.exists(log):
+    storage.replace(log, storage.join(folder, "error.previous.log"))
 
 
 def _check_names(args: argparse.Namespace) -> None:

@@ -216,17 +216,19 @@ class Run:
     returns the step it stopped at when `stop_now` said so, None when it reached the last."""
     step, total = self.start_step, self.total_steps
     stopped = self.stop_now(step)   # asked during start-up or compilation: no step at all
-    if not stopped:
-      for step in range(self.start_step + 1, total + 1):
-        self.take_step()
-        for periodic in self.periodic:
-          if periodic.due(step, total):
-            periodic.action(step)
-        if self.stop_now(step):
-          stopped = True
-          break
-    if self.bar is not None:
-      self.bar.close()
+    try:
+      if not stopped:
+        for step in range(self.start_step + 1, total + 1):
+          self.take_step()
+          for periodic in self.periodic:
+            if periodic.due(step, total):
+              periodic.action(step)
+          if self.stop_now(step):
+            stopped = True
+            break
+    finally:   # also on a failure: its one line then starts a line of its own
+      if self.bar is not None:
+        self.bar.close()
     return step if stopped else None
 
   def stop_now(self, step: int) -> bool:

@@ -172,3 +172,19 @@ def test_checkpoints_whose_array_files_are_cut_short_end_in_one_line(finished, t
   assert again.stderr.startswith("error: none of the checkpoints"), again.stderr
   warnings = [x for x in again.stdout.splitlines() if x.startswith("WARNING: checkpoint step")]
   assert len(warnings) == len(steps), again.stdout
+
+
+def test_a_run_that_finishes_moves_an_earlier_error_log_aside(finished, tmp_path):
+  """An error.log left by a failed attempt does not stay beside the results of a good rerun
+  (`lra results` would show the error): it becomes error.previous.log."""
+  workdir, data_dir, _, _ = finished
+  folder = str(tmp_path / "again")
+  subprocess.run(["cp", "-a", workdir, folder], check=True)
+  os.remove(os.path.join(folder, "results.json"))   # the attempt failed after its last save
+  with open(os.path.join(folder, "error.log"), "w") as f:
+    f.write("OSError: [Errno 28] No space left on device\n")
+  again = lra_run(folder, data_dir)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert not os.path.exists(os.path.join(folder, "error.log"))
+  with open(os.path.join(folder, "error.previous.log")) as f:
+    assert f.read() == "OSError: [Errno 28] No space left on device\n"

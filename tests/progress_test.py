@@ -68,3 +68,31 @@ def test_a_terminal_gets_the_bar_and_a_forced_update_a_line_in_a_pipe():
   bar = progress.Progress(10, stream=stream, line_interval=3600.0)
   bar.update(2, 1.5, force=True)
   assert stream.getvalue().startswith("train: step 2/10 (20%), loss 1.5000")
+
+
+def test_a_failing_step_ends_the_bar_line_before_the_error_line():
+  """The trainer loop closes the bar when a step or a save fails, so that the command's one
+  error line (a full disk) starts a line of its own instead of following the bar's."""
+  import types
+
+  import pytest
+
+  from lra import loop
+
+  stream = io.StringIO()
+  run = loop.Run.__new__(loop.Run)
+  run.start_step, run.total_steps, run.periodic = 0, 10, []
+  run.bar = progress.Progress(10, stream=stream, interval=0.0, lines=False)
+  run.vote = types.SimpleNamespace(now=lambda: False, after_step=lambda: False)
+  steps = []
+
+  def take_step():
+    steps.append(len(steps) + 1)
+    run.bar.update(len(steps))
+    if len(steps) == 3:
+      raise OSError(28, "No space left on device")
+
+  run.take_step = take_step
+  with pytest.raises(OSError):
+    run.train()
+  assert stream.getvalue().endswith("\n") and "3/10" in stream.getvalue().rsplit("\r", 1)[-1]
