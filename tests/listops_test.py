@@ -273,3 +273,14 @@ def test_task_registry():
     assert key in cfg
   with pytest.raises(ValueError, match="valid tasks: .*listops"):
     tasks.get_task("list_ops")
+
+
+def test_the_result_line_says_when_the_model_is_below_the_majority_class():
+  task = tasks.get_task("listops")
+  results = {"test_accuracy": 0.4325, "majority_class_rate": 0.505,
+             "best_validation_accuracy": 0.45, "best_validation_step": 200}
+  line = task.result_line(results, "w/results.json")
+  assert line.startswith("test accuracy 0.4325 (below the majority class 0.5050: ")
+  assert "train longer or at a larger --size" in line and line.endswith("w/results.json")
+  above = task.result_line({**results, "test_accuracy": 0.6}, "w/results.json")
+  assert above.startswith("test accuracy 0.6000 (majority class 0.5050), best validation")

@@ -126,7 +126,11 @@ class Task:
   def result_line(self, results: Mapping[str, Any], where: str) -> str:
     """The last line of a finished run; `where` is the path of its results.json."""
     line = f"test accuracy {results['test_accuracy']:.4f}"
-    if "majority_class_rate" in results:
-      line += f" (majority class {results['majority_class_rate']:.4f})"
+    rate = results.get("majority_class_rate")
+    if isinstance(rate, (int, float)) and results["test_accuracy"] < rate:
+      line += (f" (below the majority class {rate:.4f}: always answering the most frequent "
+               f"label does better; train longer or at a larger --size)")
+    elif rate is not None:
+      line += f" (majority class {rate:.4f})"
     return line + (f", best validation accuracy {results['best_validation_accuracy']:.4f} at "
                    f"step {results['best_validation_step']}; results in {where}")
