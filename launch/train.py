@@ -195,6 +195,7 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
     config = configs.build_config(args.task, attention=args.attention, size=args.size,
                                   arg=args.arg, overrides=overrides)
     check_config(config)
+    check_phase_overrides(config, overrides)
     dry_steps = dry_run_steps(getattr(args, "dry_run", None))
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -279,6 +280,30 @@ def _retire_error_log(workdir: str) -> None:
   log = storage.join(folder, "error.log")
   if storage.exists(log):
     storage.replace(log, storage.join(folder, "error.previous.log"))
+
+
+# The fields each phase of a staged config sets itself (lra/phases.py `phase_config`).
+PHASE_FIELDS = {"num_train_steps": "steps", "data.max_length": "max_length",
+                "learning_rate": "learning_rate", "batch_size": "batch_size",
+                "warmup_steps": "warmup_steps"}
+
+
+def check_phase_overrides(config: ml_collections.ConfigDict,
+                          overrides: Sequence[tuple[str, str]]) -> None:
+  """An override of a field that every phase of a staged config sets itself would be silently
+  replaced by the phases: refused, naming the phases' values and how to change them."""
+  if not config.get("phases"):
+    return
+  for field, _ in overrides:
+    key = PHASE_FIELDS.get(field)
+    if key is None:
+      continue
+    values = ", ".join(f"{dict(p)[key]}" for p in config.phases)
+    raise ValueError(
+        f"--config.{field}: {config.task} ({schema.run_label(config)}) is staged, and each of "
+        f"its {len(config.phases)} phases sets its own {key} ({values}), which would replace "
+        f"it; change the phases instead (--config.phases=...), or pass "
+        f"--config.phases=\"()\" to train the top-level fields in one phase.")
 
 
 def _check_names(args: argparse.Namespace) -> None:
