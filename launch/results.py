@@ -12,10 +12,10 @@ metric (bits per character when the run has them, else accuracy), the parameter 
 `param_count` the trainer writes into `results.json`, a staged run's from its last phase; blank
 while there is none), where it ran (from the same results.json: the process count, the device
 count and platform, the mesh axes larger than 1, the attention backend), the wall time of the
-invocations that finished each part, and the status: `finished`; `pending` (a sweep point not started yet); `running` (a live process on
-this host holds the run's lock, or the sweep started it and it is still alive); `failed` (its
-last sweep attempt exited with an error or, without a sweep record, an `error.log`), with the
-reason; `interrupted` otherwise.
+invocations that finished each part, and the status: `finished`; `pending` (a sweep point
+not started yet); `running` (a live process on this host holds the run's lock, or the sweep
+started it and it is still alive); `failed` (its last sweep attempt exited with an error or,
+without a sweep record, an `error.log`), with the reason; `interrupted` otherwise.
 
 `--lra` prints Table 1 of the LRA paper from the finished runs: the attention kinds as rows, the
 six tasks as columns, test accuracy in percent as mean ± std over seeds, FAIL when the mean is
@@ -253,7 +253,8 @@ def _read_run(root: str, run_dir: str) -> dict[str, Any]:
          "seed": _integer(config.get("seed")), "steps": done_steps, "total_steps": sum(totals) or None,
          "metric": metric[0], "best_validation": None, "best_step": None, "test": None,
          "majority_class_rate": None, "params": None, "processes": None, "devices": None,
-         "platform": "", "mesh": None, "backend": "", "wall_seconds": None, "status": "", "reason": "", "_overrides": overrides}
+         "platform": "", "mesh": None, "backend": "", "wall_seconds": None, "status": "",
+         "reason": "", "_overrides": overrides}
   last = final or results[current]
   if last:
     row.update(best_validation=_number(last.get(metric[2])),

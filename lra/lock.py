@@ -159,8 +159,8 @@ class _BucketLockFile:
     body = (f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{meta}\n--==0==\n"
             f"Content-Type: application/json\n\n{json.dumps(record)}\n--==0==--").encode()
     try:
-      out = self._call("POST", f"{self.fs._location}/upload/storage/v1/b/{self.bucket}/o",  # noqa: SLF001
-                       uploadType="multipart", data=body, json_out=True,
+      upload = f"{self.fs._location}/upload/storage/v1/b/{self.bucket}/o"  # noqa: SLF001
+      out = self._call("POST", upload, uploadType="multipart", data=body, json_out=True,
                        headers={"Content-Type": 'multipart/related; boundary="==0=="'},
                        ifGenerationMatch=generation)
     except FileExistsError:   # 412: the object is not (or no longer) at that generation

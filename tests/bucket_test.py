@@ -251,6 +251,12 @@ DATA = [a for a in TINY if a.startswith("--config.data.")]
 def test_data_prepared_into_a_bucket_trains_as_local_data(gcs_server, reference, tmp_path):
   bucket = gcs_server.new_bucket()
   data_root = f"gs://{bucket}/lra_data"
+  workdir = str(tmp_path / "run")
+  early = lra(run_args(workdir), data_root)   # not prepared yet: one line naming the way
+  lines = early.stderr.strip().splitlines()
+  assert early.returncode == 2 and len(lines) == 1, early.stderr[-3000:]
+  assert lines[0].startswith("error: the listops dataset is not in gs://") and \
+      "run `lra data prepare`" in lines[0]
   prepared = lra(["data", "prepare", "listops", "--size", "small", *DATA], data_root)
   assert prepared.returncode == 0, prepared.stderr[-3000:]
   folder = prepared.stdout.strip().splitlines()[-1].split("dataset ready in ")[1]
@@ -262,7 +268,6 @@ def test_data_prepared_into_a_bucket_trains_as_local_data(gcs_server, reference,
   assert "copied" not in again.stderr   # already there: nothing built or uploaded
   # Training reads the bucket's files (array_record through the emulator): the run equals the
   # reference, whose data was generated locally with the same settings.
-  workdir = str(tmp_path / "run")
   trained = lra(run_args(workdir), data_root)
   assert trained.returncode == 0, trained.stderr[-3000:]
   assert "preparing" not in trained.stderr   # it found the bucket's dataset

@@ -206,6 +206,11 @@ def prepare(builder: tfds.core.DatasetBuilder, label: str,
   """
   if builder.is_prepared():
     return builder
+  if "://" in os.fspath(builder.data_dir):   # tfds' array_record writer writes local files only
+    raise archives.DataMissingError(
+        f"the {label} dataset is not in {builder.data_dir} and cannot be built in a bucket: "
+        f"run `lra data prepare` for this task with the same LRA_DATA, --size and "
+        f"--config.data.* settings (it builds locally and uploads), then rerun.")
   with building(builder, label):
     if builder.is_prepared():   # built by another process while this one waited
       return _fresh(builder)
