@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -128,13 +129,29 @@ def gcs_server():
   saved = {name: os.environ.get(name) for name in ENV_NAMES}
   os.environ.update(server.env)
   clear_client_caches()
+  import fsspec
   import gcsfs
-  server.fs = gcsfs.GCSFileSystem(token="anon", endpoint_url=server.url,
-                                  use_listings_cache=False, skip_instance_cache=True)
+  import gcsfs.core
+  registry = sys.modules["fsspec.registry"]._registry   # noqa: SLF001 - undone below
+  replaced = {}
+  if gcsfs.GCSFileSystem is not gcsfs.core.GCSFileSystem:
+    # gcsfs was imported before the env was set (by another test): its experimental class
+    # would ask the Storage Control API first, so the plain one serves gs:// here.
+    replaced = {name: registry.get(name) for name in ("gs", "gcs")}
+    for name in replaced:
+      fsspec.register_implementation(name, gcsfs.core.GCSFileSystem, clobber=True)
+    clear_client_caches()
+  server.fs = gcsfs.core.GCSFileSystem(token="anon", endpoint_url=server.url,
+                                       use_listings_cache=False, skip_instance_cache=True)
   try:
     yield server
   finally:
     server.stop()
+    for name, implementation in replaced.items():
+      if implementation is None:
+        registry.pop(name, None)
+      else:
+        registry[name] = implementation
     for name, value in saved.items():
       if value is None:
         os.environ.pop(name, None)
