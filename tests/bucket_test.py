@@ -242,6 +242,40 @@ def test_a_second_run_on_a_busy_bucket_workdir_is_refused_in_one_line(gcs_server
   assert took < 30, took
 
 
+def test_results_of_runs_in_a_bucket_with_where_they_ran(gcs_server):
+  from launch import results as results_lib
+  bucket = gcs_server.new_bucket()
+  config = {"task": "listops", "config_arg": "attention=band,size=small", "num_train_steps": 10,
+            "seed": 1}
+  where = [({"process_count": 2, "device_count": 8, "platform": "gpu", "attention_backend":
+             "cudnn", "mesh": {"data": 4, "fsdp": 1, "tensor": 2}}, "data=4,tensor=2"),
+           ({"process_count": 1, "device_count": 1, "platform": "cpu", "attention_backend":
+             "xla", "mesh": {"data": 1, "fsdp": 1}}, "1"),
+           ({"mesh": "not a mesh"}, None)]
+  for k, (fields, _) in enumerate(where):
+    run = f"{bucket}/sweep/a/run{k}"
+    gcs_server.fs.pipe(f"{run}/config.json", json.dumps(config).encode())
+    gcs_server.fs.pipe(f"{run}/results.json", json.dumps(
+        {"steps": 10, "test_accuracy": 0.5, **fields}).encode())
+    gcs_server.fs.pipe(f"{run}/checkpoints/10/commit_success.txt", b"")   # not a run
+  gcs_server.fs.pipe(f"{bucket}/sweep/b/config.json", json.dumps(config).encode())
+  gcs_server.fs.pipe(f"{bucket}/sweep/b/checkpoints/4/commit_success.txt", b"")
+  gcs_server.fs.pipe(f"{bucket}/sweep/b/error.log", b"Traceback ...\nOSError: disk gone\n")
+  rows = results_lib.collect(f"gs://{bucket}/sweep")
+  assert [r["run"] for r in rows] == ["a/run0", "a/run1", "a/run2", "b"]
+  for row, (fields, mesh) in zip(rows, where):
+    assert row["status"] == "finished" and row["test"] == 0.5
+    assert (row["processes"], row["devices"], row["platform"], row["mesh"], row["backend"]) == (
+        fields.get("process_count"), fields.get("device_count"), fields.get("platform", ""),
+        mesh, fields.get("attention_backend", ""))
+  assert rows[3]["status"] == "failed" and rows[3]["steps"] == 4
+  assert rows[3]["reason"] == f"OSError: disk gone (see gs://{bucket}/sweep/b/error.log)"
+  table = results_lib.markdown(rows).splitlines()
+  assert table[2].endswith("| 2 | 8 gpu | data=4,tensor=2 | cudnn | 0 s | finished |")
+  assert table[3].endswith("| 1 | 1 cpu | 1 | xla | 0 s | finished |")
+  assert table[4].endswith("| - | - | - | - | 0 s | finished |")
+
+
 # --- data, sweeps and results in a bucket (end to end) ----------------------------------------
 
 DATA = [a for a in TINY if a.startswith("--config.data.")]
