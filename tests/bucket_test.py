@@ -7,7 +7,14 @@ here all reach the emulator through the JSON API, as they reach GCS. End to end 
     GCS and `commit_success.txt` last; the kill comes before that file) leaves an unfinished step
     folder; the rerun removes it and finishes identical to an uninterrupted run (checksums of
     the final checkpoint, every metrics record, results.json);
-The uninterrupted reference runs on the local disk, so that path shares no bucket code.
+  * a second `lra run` on a bucket workdir another run holds is refused in one line, in seconds;
+  * `LRA_DATA=gs://...`: a run before the data is there ends in one line; `lra data prepare`
+    uploads the dataset, and a run reading it from the bucket equals the reference;
+  * `lra sweep --workdir gs://...` writes its files into the bucket and finds its runs finished;
+    `lra results gs://...` lists them with where they ran.
+The uninterrupted reference runs on the local disk, so that path shares no bucket code. In this
+process (fast): the bucket lock's refusal, takeovers and preconditions, `lra results` over a
+bucket, and the one-line errors (no gcsfs, no bucket, no credentials).
 """
 
 import json
