@@ -1,12 +1,13 @@
 """One run per workdir: a lock file that names its holder and is taken over only when it is gone.
 
-`<workdir>/lock` holds JSON `{"host", "pid", "started"}`, created with O_EXCL by process 0 of a
-run. Another run on the same workdir stops with one line naming the holder. A lock whose holder
-is on this host and no longer alive (a run killed with SIGKILL, or a machine that rebooted) is
-taken over. The holder's process on another host cannot be checked from here, so the holder
-keeps a heartbeat: a thread touches the lock (its mtime) every `HEARTBEAT_S` seconds, and a lock
-from another host whose heartbeat stopped `STALE_AFTER` seconds ago (four missed beats: a job
-killed with SIGKILL, a node that died) is taken over.
+`<workdir>/lock` holds JSON `{"host", "pid", "started", "token"}` (the token tells a holder its
+own record), created with O_EXCL by process 0 of a run. Another run on the same workdir stops
+with one line naming the holder. A lock whose holder is on this host and no longer alive (a run
+killed with SIGKILL, or a machine that rebooted) is taken over. The holder's process on another
+host cannot be checked from here, so the holder keeps a heartbeat: a thread touches the lock (its
+mtime) every `HEARTBEAT_S` seconds, and a lock from another host whose heartbeat stopped
+`STALE_AFTER` seconds ago (four missed beats: a job killed with SIGKILL, a node that died) is
+taken over.
 
 In a multi-process run only process 0 takes the lock, and the others must learn its outcome
 before any collective, or a refusal leaves them waiting in one until jax's shutdown barrier
