@@ -26,6 +26,7 @@ import argparse
 import errno
 import os
 import sys
+import threading
 import traceback
 from typing import Any, Sequence
 
@@ -158,11 +159,11 @@ def _startup_message(signum: int) -> str:
     return (f"\n{signals.signal_label(signum)} during start-up: every process stops after the "
             f"first training step and saves it.")
   return (f"\n{signals.signal_label(signum)}: stopping before training starts, once the current "
-          f"start-up step ends (imports, compiling, the data); Ctrl-C again stops at once.")
+          f"start-up step ends (imports, compiling, the data); a second signal stops at once.")
 
 
-_STARTUP_ABORT = ("error: interrupted (Ctrl-C twice) before training started; nothing was "
-                  "trained: rerun the same command to start.")
+_STARTUP_ABORT = ("error: interrupted twice before training started; nothing was trained: "
+                  "rerun the same command to start.")
 
 
 def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
@@ -390,6 +391,9 @@ def _preflight(config: ml_collections.ConfigDict, initialisers: bool = False):
             f"(--no_preflight skips it).")
 
 
+COMPILE_NOTE_SECONDS = 10.0   # a preflight compile taking longer says what it compiles
+
+
 def run_preflight(config: ml_collections.ConfigDict, workdir: str, *,
                   yes: bool = False) -> tuple[int, list[Any]]:
   """Checks that the run (each unfinished phase) fits: (0, the planned trainers, which the run
@@ -399,7 +403,17 @@ def run_preflight(config: ml_collections.ConfigDict, workdir: str, *,
   from lra import preflight
   plans, seconds, cpu = [], 0.0, False
   for label, c in _configs_to_check(config, workdir):
-    report = _preflight(c, initialisers=True)   # the run allocates with what it compiles
+    # A compile that takes a while names what it compiles (a large --size, num_layers).
+    note = threading.Timer(COMPILE_NOTE_SECONDS, print, args=(
+        f"Preflight{label}: compiling the steps of {c.task} ({schema.run_label(c)}), "
+        f"{int(c.model.num_layers)} layers, to measure their memory and time "
+        f"(--no_preflight skips this)...",), kwargs={"flush": True})
+    note.daemon = True
+    note.start()
+    try:
+      report = _preflight(c, initialisers=True)   # the run allocates with what it compiles
+    finally:
+      note.cancel()
     if isinstance(report, str):
       print(f"error: {report}", file=sys.stderr)
       return (130 if report.startswith("interrupted") else 2), []

@@ -135,9 +135,10 @@ class StartUp:
   aborts the process (a compile thread still inside XLA at exit). `requested` says whether one
   was held: the command stops at its next stage with one line; a run of several processes
   instead leaves it for the training loop's StopRequest, which takes a held signal as its first
-  request, so that all processes stop at one step. A second Ctrl-C stops at once: `abort` is
-  printed to stderr and the process ends with status 130 without running Python's exit (nothing
-  has been trained; a compile thread would otherwise abort the interpreter's shutdown).
+  request, so that all processes stop at one step. A second Ctrl-C (in one process, a second
+  signal of either kind) stops at once: `abort` is printed to stderr and the process ends with
+  status 130 without running Python's exit (nothing has been trained; a compile thread would
+  otherwise abort the interpreter's shutdown).
   Main thread only, like StopRequest."""
 
   def __init__(self, message: Callable[[int], str], abort: str):
@@ -155,7 +156,8 @@ class StartUp:
 
   def handle(self, signum: int, frame=None) -> None:
     del frame
-    if _held and signum == signal.SIGINT:
+    alone = os.environ.get("LRA_DISTRIBUTED", "0") != "1"
+    if _held and (signum == signal.SIGINT or alone):
       print(self.abort, file=sys.stderr, flush=True)
       sys.stdout.flush()
       os._exit(130)

@@ -79,6 +79,8 @@ CASES = {
     "twice": ([(2.0, signal.SIGINT), (2.4, signal.SIGINT)], "error: interrupted"),
     "sigterm": ([(2.0, signal.SIGTERM)], "error: interrupted by SIGTERM before training "
                 "started; nothing was trained: rerun the same command to start."),
+    "sigterm twice": ([(2.0, signal.SIGTERM), (2.4, signal.SIGTERM)],
+                      "error: interrupted twice before training started"),
 }
 
 

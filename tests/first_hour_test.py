@@ -109,3 +109,19 @@ def test_the_lra_base_size_on_this_cpu_stops_naming_the_hours_and_the_sizes(tmp_
   assert status == 2
   assert " hours on this CPU" in err and "--size (small, cpu)" in err and "--yes" in err
   assert not (tmp_path / "w").exists()
+
+
+def test_a_preflight_compile_that_takes_a_while_says_what_it_compiles(monkeypatch, tmp_path,
+                                                                      capsys):
+  from launch import train as launcher
+  from lra import preflight
+  config = configs.build_config("listops", attention="band", size="small")
+  monkeypatch.setattr(launcher, "COMPILE_NOTE_SECONDS", 0.0)   # any compile takes a while
+  monkeypatch.setattr(preflight, "LONG_RUN_SECONDS", 1e9)
+  status, _ = launcher.run_preflight(config, str(tmp_path), yes=True)
+  out = capsys.readouterr().out.splitlines()
+  assert status == 0
+  assert out[0] == ("Preflight: compiling the steps of listops (attention=band,size=small,"
+                    "window=16), 2 layers, to measure their memory and time (--no_preflight "
+                    "skips this)..."), out
+  assert out[1].startswith("Preflight: about ")
