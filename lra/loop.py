@@ -68,7 +68,7 @@ class Run:
 
   def __init__(self, trainer: Any, config: ml_collections.ConfigDict, workdir: str, *,
                hooks: Sequence[Callable[[int], None]], stop: Any, lock: lock_lib.WorkdirLock,
-               started: float):
+               started: float, on_start: Callable[[], None] | None = None):
     self.trainer, self.task, self.config, self.workdir = trainer, trainer.task, config, workdir
     self.hooks, self.stop, self.lock, self.started = hooks, stop, lock, started
     self.vote = mesh_lib.StopVote(lambda: self.stop.requested)   # one stop step for all
@@ -89,6 +89,8 @@ class Run:
                        f"num_train_steps {total}: a finished run is not rewritten with an "
                        f"earlier step; pass a new --workdir (or a num_train_steps >= {start}).")
     self.stored = self._stored_results() if start == total else None
+    if self.stored is None and on_start is not None:
+      on_start()
     self.writer = metrics.MetricWriter(workdir)
     if self.stored is not None:   # finished: nothing is evaluated or written again
       return
@@ -355,12 +357,14 @@ class Run:
 
 def run(trainer: Any, config: ml_collections.ConfigDict, workdir: str, *,
         hooks: Sequence[Callable[[int], None]], stop: Any, lock: lock_lib.WorkdirLock,
-        started: float) -> dict[str, Any]:
+        started: float, on_start: Callable[[], None] | None = None) -> dict[str, Any]:
   """Trains `trainer` (an allocated `lra.train.Trainer`) on `config` in `workdir` from where its
   checkpoints left off, then evaluates. `stop.requested` (the stop flag) asks it to save and
   stop, `lock.heartbeat()` is called at each save, and `started` is the `time.time()` the run's
-  wall time counts from."""
-  r = Run(trainer, config, workdir, hooks=hooks, stop=stop, lock=lock, started=started)
+  wall time counts from. `on_start()` (writing config.json) runs once the restored step is
+  known to leave something to do: never for a refused or a finished run."""
+  r = Run(trainer, config, workdir, hooks=hooks, stop=stop, lock=lock, started=started,
+          on_start=on_start)
   if r.stored is not None:
     r.close()
     print(f"The run in {workdir} finished earlier; its results are unchanged.", flush=True)

@@ -342,5 +342,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         lock_lib.WorkdirLock(workdir, enabled=lock_here, agree=agree) as lock):
     started = time.time()
     trainer = Trainer(config, plan)
-    _save_config(config, workdir)
-    return loop.run(trainer, config, workdir, hooks=hooks, stop=stop, lock=lock, started=started)
+    # config.json is written once the run is known to train (not for a refused or finished one)
+    return loop.run(trainer, config, workdir, hooks=hooks, stop=stop, lock=lock, started=started,
+                    on_start=lambda: _save_config(config, workdir))

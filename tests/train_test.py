@@ -120,6 +120,20 @@ def test_rerun_of_a_finished_run_does_not_train_again(data_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_refused_rerun_with_fewer_steps_leaves_config_json_as_it_was(data_dir, tmp_path):
+  """The trainer's own F0 refusal (checkpoints past num_train_steps) comes before config.json
+  is written: the finished run's config stays, and no config.previous.json appears."""
+  config = tiny_config(data_dir, num_train_steps=2)
+  train.train_and_evaluate(config, str(tmp_path))
+  saved = (tmp_path / "config.json").read_bytes()
+  fewer = tiny_config(data_dir, num_train_steps=1)
+  with pytest.raises(ValueError, match="past num_train_steps 1"):
+    train.train_and_evaluate(fewer, str(tmp_path))
+  assert (tmp_path / "config.json").read_bytes() == saved
+  assert not (tmp_path / "config.previous.json").exists()
+
+
+@pytest.mark.slow
 def test_each_phase_counts_its_parameters_and_takes_its_plan(data_dir, tmp_path):
   config = tiny_config(data_dir)
   phase = dict(steps=1, max_length=24, window_scale=1.0, learning_rate=1e-3, batch_size=16,
