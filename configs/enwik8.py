@@ -6,14 +6,14 @@ docs/character_lm.md.
 
 Main command (4 layers of width 128, 250 steps at length 128 then 125 at length 256, relative
 positions; without enwik8.zip in ~/lra_data/manual it notes so and uses Python's reference-manual
-topics, 466,195 bytes, split 90/5/5; 8 min 15 s on 2 cores shared with other jobs):
+topics, split 90/5/5):
 
   .venv/bin/lra run enwik8 --size small
 
-Expected: `test bits per character` about 1.83 (measured on the fallback corpus, seed 0: 1.829;
-2.424 with the earlier absolute sinusoids), in `workdirs/enwik8-band-small/phase2/results.json`.
-`--size base` needs enwik8.zip (http://mattmahoney.net/dc/enwik8.zip) and weeks of GPU time;
-Longformer reports 1.00 (small).
+It ends with the `test bits per character` of phase 2, in
+`workdirs/enwik8-band-small/phase2/results.json`; docs/character_lm.md has the measured value
+and time. `--size base` needs enwik8.zip (http://mattmahoney.net/dc/enwik8.zip) and weeks of GPU
+time; Longformer reports 1.00 (small).
 
 Recurrence (docs/recurrence.md): `--size xl-small` / `compressive-small` (CPU, fallback corpus) and
 `xl-base` (Transformer-XL 12L) / `compressive-base` (the Compressive Transformer's enwik8

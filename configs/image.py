@@ -8,8 +8,8 @@ Needs `cifar-10-python.tar.gz` (https://www.cs.toronto.edu/~kriz/cifar-10-python
 in `~/lra_data/manual/` (downloaded there on first use when the machine is online); the first
 run builds the dataset in `~/lra_data/image/` (seconds).
 
-Main command (a 1-layer, 32-wide band-attention model, 1,000 steps of batch 32; about 6.5
-minutes on 2 shared cores, measured on a synthetic archive of the real format and size):
+Main command (a 1-layer, 32-wide band-attention model, 1,000 steps of batch 32; its time is in
+docs/image_and_pathfinder.md):
 
   .venv/bin/lra run image --size small
 
@@ -32,7 +32,7 @@ SMALL_STEPS = 1000
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The Image config for `arg` = "attention=NAME,size=base|small,window=W"."""
   # Default kind: LRA's dense Transformer for base; band for small (dense attention over 1,024
-  # tokens costs about 4 s per step of batch 32 on the 2-core development machine).
+  # tokens is several times slower per step than band on a CPU: docs/image_and_pathfinder.md).
   a = common.task_arg(arg, attention={"base": "dot_product", "small": "band"})
   c = common.task_config("image", common.data_fields("image", max_length=1024))
   if a.size == "base":

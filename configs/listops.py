@@ -5,20 +5,21 @@
 band attention by default), `window` (one-sided window of the local kinds).
 
 Main command (generates ListOps with 17-128 tokens per tree, trains a 2-layer, 64-wide model
-for 800 steps of batch 32; about 70 s on a 2-core CPU, data generation and compilation included):
+for 800 steps of batch 32):
 
   .venv/bin/lra run listops --size small
 
-Expected: `test accuracy 0.3925 (majority class 0.1450)` (seed 0), in
-`workdirs/listops-dot_product-small/results.json`. Any attention kind: `--attention band`.
+It ends with the test accuracy beside the majority class, in
+`workdirs/listops-dot_product-small/results.json` (the measured values and times: README.md and
+docs/efficiency.md). Any attention kind: `--attention band`.
 
 At the LRA lengths (trees of 500-2,000 tokens, max_length 2,000, the 2,000 test trees evaluated
-at that length; about 5 min on a 2-core CPU, data generation and compilation included):
+at that length):
 
   .venv/bin/lra run listops --size cpu --workdir DIR
 
-Expected: test accuracy 0.37-0.38 for seeds 0-2 (`--config.seed=S`; LRA's Transformer: 0.3637),
-numbers in docs/efficiency.md. The model is 2 layers, 64 wide, band attention with window 8,
+Its test accuracies for seeds 0-2 (`--config.seed=S`) are in docs/efficiency.md beside LRA's
+Transformer (0.3637). The model is 2 layers, 64 wide, band attention with window 8,
 read through a CLS token whose output depends on the first 2 x 8 = 16 tokens only: phase 1
 trains 1,600 steps of batch 128 on the first 32 tokens of each tree (the same function, at cheap
 steps), phase 2 20 steps of batch 32 at the full length. Its accuracy comes from the root
@@ -30,10 +31,10 @@ sources: docs/training.md.
 
 Sweeps (docs/launch.md): `lra sweep listops --workdir DIR` runs `sweep` (every attention kind at
 size base, seeds 0-2); `lra sweep listops --sweep kinds_small --workdir DIR --parallel 2` runs
-`sweep_kinds_small` (dense and band at size small, two seeds, 200 steps each; 92 s on 2 shared
-cores, test accuracy 0.33-0.34 for all four); `--sweep every_kind_small` runs every attention
-kind at size small, seeds 0 and 1 (22 runs, about 25 min with `--parallel 2`; the accuracy axis
-of docs/efficiency.md's speed-vs-accuracy plot); `lra results DIR --lra` tabulates any of them.
+`sweep_kinds_small` (dense and band at size small, two seeds, 200 steps each; its results are in
+docs/launch.md); `--sweep every_kind_small` runs every attention kind at size small, seeds 0 and
+1 (22 runs; the accuracy axis of docs/efficiency.md's speed-vs-accuracy plot); `lra results DIR
+--lra` tabulates any of them.
 """
 
 from __future__ import annotations
@@ -104,8 +105,8 @@ def sweep(add) -> None:
 
 def sweep_every_kind_small(add) -> None:
   """Every attention kind at size small, seeds 0 and 1 (`lra sweep listops --sweep
-  every_kind_small --workdir DIR --parallel 2`; about half an hour on a 2-core CPU): the accuracy
-  axis of the speed-vs-accuracy plot in docs/efficiency.md."""
+  every_kind_small --workdir DIR --parallel 2`): the accuracy axis of the speed-vs-accuracy plot
+  in docs/efficiency.md."""
   common.lra_sweep(add, size="small", seeds=(0, 1))
 
 

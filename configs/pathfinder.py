@@ -4,14 +4,14 @@
 for small), `size` (`base`: the LRA settings on the released images; `small`: generated images
 and a model sized for a CPU), `window` (one-sided window of the local kinds).
 
-Main command (generates 4,000 32x32 "hard" images, 10-30 s, then trains a 2-layer, 32-wide
-band-attention model for 400 steps of batch 32; about 4 minutes on 2 shared cores):
+Main command (generates 4,000 32x32 "hard" images, then trains a 2-layer, 32-wide
+band-attention model for 400 steps of batch 32):
 
   .venv/bin/lra run pathfinder --size small
 
-Expected: chance level, about 0.5 test accuracy (measured, seed 0: 0.43 with the best-validation
-parameters; majority class 0.505). It checks the pipeline end to end; Pathfinder is learned only
-after far more training (LRA: 200 epochs of 160,000 images).
+Expected: chance level (the measured value and time are in docs/image_and_pathfinder.md). It
+checks the pipeline end to end; Pathfinder is learned only after far more training (LRA: 200
+epochs of 160,000 images).
 
 LRA base: `lra run pathfinder --size base --attention NAME --workdir DIR` needs
 `pathfinder32/curv_contour_length_14` of the LRA release (`lra_release.gz` or its extracted
@@ -51,7 +51,7 @@ def small(c: ml_collections.ConfigDict, *, images: int, layers: int) -> None:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The Pathfinder config for `arg` = "attention=NAME,size=base|small,window=W"."""
   # Default kind: LRA's dense Transformer for base; band for small (dense attention over 1,024
-  # tokens costs about 4 s per step of batch 32 on the 2-core development machine).
+  # tokens is several times slower per step than band on a CPU: docs/image_and_pathfinder.md).
   a = common.task_arg(arg, attention={"base": "dot_product", "small": "band"})
   c = common.task_config("pathfinder", data_config())
   if a.size == "base":

@@ -5,13 +5,13 @@ over 16,384 tokens needs 1 GiB per head and example for the weights alone), `siz
 LRA settings on the released images; `small`: generated 128x128 images and a model sized for a
 CPU), `window` (one-sided window of the local kinds).
 
-Main command (generates 1,000 128x128 "hard" images, about 25 s, then trains a 1-layer, 32-wide
-band-attention model for 200 steps of batch 16; about 9 minutes on 2 shared cores):
+Main command (generates 1,000 128x128 "hard" images, then trains a 1-layer, 32-wide
+band-attention model for 200 steps of batch 16):
 
   .venv/bin/lra run pathx --size small
 
-Expected: chance level, about 0.5 test accuracy (measured, seed 0: 0.47 with the best-validation
-parameters; majority class 0.53). No model in LRA learned Path-X.
+Expected: chance level (the measured value and time are in docs/image_and_pathfinder.md). No
+model in LRA learned Path-X.
 
 LRA base: `lra run pathx --size base --attention NAME --workdir DIR` needs
 `pathfinder128/curv_contour_length_14` of the LRA release. 500,000 steps of batch 64, length

@@ -9,8 +9,7 @@ https://storage.googleapis.com/long-range-arena/lra_release.gz) in `$LRA_DATA/ma
 which the TSV folder is extracted on first use.
 
 Main command (256 bytes per document, a 2-layer, 64-wide shared encoder, 800 steps of batch
-16, validation and test evaluated at the end; about 12 minutes on 2 shared cores on synthetic
-TSVs of the real size, plus about 5 minutes for each real evaluation split):
+16, validation and test evaluated at the end; its time is in docs/text_and_retrieval.md):
 
   .venv/bin/lra run retrieval --size small
 

@@ -10,8 +10,8 @@ tokens, evaluates by greedy decoding):
 
   .venv/bin/lra run sort_marked --size small
 
-It ends with `...; test exact match 1.0000` (seed 0; 10 min on 2 busy cores); details in
-docs/led.md. Base: `lra run sort_marked --size base --workdir DIR`.
+It ends with the test exact match of the decoded mark sequences; docs/led.md has the measured
+value, the time and the details. Base: `lra run sort_marked --size base --workdir DIR`.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ in `$LRA_DATA/manual/` (default `~/lra_data/manual/`); it is downloaded there wh
 online. The first run builds the dataset (one pass over the archive).
 
 Main command (256 bytes per review, a 2-layer, 64-wide model, 1,000 steps of batch 32, model
-selection on a held-out 10% of train, test evaluated at the end; about 19 minutes on 2 shared
-cores, most of it the 25,000-review test evaluation):
+selection on a held-out 10% of train, test evaluated at the end, most of the time the
+25,000-review test evaluation; its time is in docs/text_and_retrieval.md):
 
   .venv/bin/lra run text --size small
 

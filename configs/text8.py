@@ -3,12 +3,13 @@
 Every size, attention kind and phase is as in configs/enwik8.py (Longformer's staged schedule;
 docs/character_lm.md). Without text8.zip (http://mattmahoney.net/dc/text8.zip) in
 ~/lra_data/manual, the CPU demo reduces the fallback corpus to text8's alphabet (375,756
-characters). Main command (4 min 55 s on 2 shared cores):
+characters). Main command:
 
   .venv/bin/lra run text8 --size small
 
-Expected: `test bits per character` about 2.51 (measured on the fallback corpus, seed 0: 2.513),
-in `workdirs/text8-band-small/phase2/results.json`. Longformer reports 1.10 for `--size base`.
+It ends with the `test bits per character` of phase 2, in
+`workdirs/text8-band-small/phase2/results.json`; docs/character_lm.md has the measured value
+and time. Longformer reports 1.10 for `--size base`.
 
 Recurrence (docs/recurrence.md): `--size xl-small` / `compressive-small` (CPU, fallback corpus) and
 `xl-base` (Transformer-XL 12L) / `compressive-base` (the Compressive Transformer's enwik8
