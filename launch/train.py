@@ -42,6 +42,9 @@ from lra import tasks as tasks_lib
 
 
 def default_workdir(task: str, config: ml_collections.ConfigDict) -> str:
+  """`workdirs/TASK-ATTENTION-SIZE`, relative to the folder `lra run` starts in: `_run` resolves
+  it there, and every line the run prints names it absolute. A SLURM launch resolves it on the
+  launching machine (launch/slurm.py `absolute_argv`), a TPU worker in its `$HOME/lra`."""
   arg = config_arg_fields(config.config_arg)
   spt = (f"-spt-{config.pretrain.objective}" if config.get("protocol", "scratch") == "spt"
          else "")   # a self-pretrained run never shares a scratch run's folder
@@ -201,7 +204,9 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  workdir = args.workdir or default_workdir(args.task, config)
+  # A relative workdir is the current folder's, and every line the run prints names it in
+  # full: a run started from another folder says where it writes.
+  workdir = storage.resolve(args.workdir or default_workdir(args.task, config))
   try:  # a finished run is shown, continued to more steps, or refused: never rewritten
     rerun, stored = _rerun(config, workdir)
   except ValueError as e:
