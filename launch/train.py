@@ -297,8 +297,10 @@ PHASE_FIELDS = {"num_train_steps": "steps", "data.max_length": "max_length",
 def check_phase_overrides(config: ml_collections.ConfigDict,
                           overrides: Sequence[tuple[str, str]]) -> None:
   """An override of a field that every phase of a staged config sets itself would be silently
-  replaced by the phases: refused, naming the phases' values and how to change them."""
-  if not config.get("phases"):
+  replaced by the phases: refused, naming the phases' values and how to change them. The two
+  phases of `protocol=spt` are made from these fields after the overrides
+  (`configs.common.apply_protocol`), so its overrides stand."""
+  if not config.get("phases") or config.get("protocol", "scratch") == "spt":
     return
   for field, _ in overrides:
     key = PHASE_FIELDS.get(field)
