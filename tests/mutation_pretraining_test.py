@@ -97,6 +97,16 @@ def test_bert_split_is_eighty_ten_ten_and_tokens_are_never_padding():
   assert not np.asarray(zero_rate).any()
 
 
+def test_token_id_one_is_chosen_like_any_real_token():
+  """Only padding (id 0) is never chosen: a sequence of token 1 is chosen at the rate."""
+  tokens = jnp.ones((8, 64), jnp.int32)
+  chosen = np.asarray(bert_corruption(tokens, 1.0, 5, jax.random.key(3))[2])
+  assert chosen.all()
+  padded = tokens.at[:, 32:].set(0)
+  chosen = np.asarray(bert_corruption(padded, 1.0, 5, jax.random.key(3))[2])
+  assert chosen[:, :32].all() and not chosen[:, 32:].any()
+
+
 def test_permutation_of_one_token_and_of_padding_only():
   tokens = jnp.array([[7, 0, 0], [0, 0, 0]], jnp.int32)
   ranks, predicted = (np.asarray(a) for a in permutation(tokens, 0.15, jax.random.key(2)))
