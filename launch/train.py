@@ -268,8 +268,7 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
       from lra import checkpoint
       line = failure_line(e, workdir)
       if line.startswith("no space left"):   # orbax's abandoned writes report as they end
-        checkpoint.stderr_to(os.path.join(workdir, "error.log") if not
-                             storage.is_remote(workdir) else os.devnull)
+        checkpoint.stderr_to(storage.join(workdir, "error.log"))
       checkpoint.report(f"error: {line}")
       return 2
   if results["interrupted"]:

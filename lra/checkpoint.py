@@ -23,6 +23,7 @@ damaged array.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -30,6 +31,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from typing import Any
 
 import jax
@@ -201,9 +203,16 @@ def _identity(fd: int) -> tuple[int, int]:
 
 def stderr_to(log_path: str) -> None:
   """Sends what is written to descriptor 2 from now on to `log_path` (or nowhere, when it
-  cannot be opened); `report` still reaches the user's stderr."""
+  cannot be opened); `report` still reaches the user's stderr. A descriptor cannot point into a
+  bucket: a `gs://` log is written to a local temporary file, appended to the log through
+  lra.storage when the process exits (after its threads ended), never in the current folder."""
   global _terminal
   sys.stderr.flush()
+  if storage.is_remote(log_path):
+    fd, local = tempfile.mkstemp(prefix="lra-error-", suffix=".log")
+    os.close(fd)
+    atexit.register(_upload_log, local, log_path)
+    log_path = local
   try:
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
   except OSError:
@@ -216,6 +225,20 @@ def stderr_to(log_path: str) -> None:
     _terminal = (_terminal[0], _identity(fd))
   os.dup2(fd, 2)
   os.close(fd)
+
+
+def _upload_log(local: str, log_path: str) -> None:
+  """Appends local file `local` (when not empty) to `log_path` in a bucket and removes it."""
+  try:
+    with open(local, errors="replace") as f:
+      text = f.read()
+    if text:
+      storage.append_text(log_path, text)
+  except Exception:  # noqa: BLE001 - at exit, with the user's line printed: nothing to add
+    pass
+  finally:
+    with contextlib.suppress(OSError):
+      os.remove(local)
 
 
 def report(line: str) -> None:

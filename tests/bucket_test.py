@@ -7,6 +7,9 @@ here all reach the emulator through the JSON API, as they reach GCS. End to end 
     GCS and `commit_success.txt` last; the kill comes before that file) leaves an unfinished step
     folder; the rerun removes it and finishes identical to an uninterrupted run (checksums of
     the final checkpoint, every metrics record, results.json);
+  * a save that fails in a bucket run (its own error, or a full disk whose abandoned writes
+    print after the run's last line), started in an empty folder: the traceback or the late
+    output is in the bucket's `error.log`, and nothing is written in the folder;
   * a second `lra run` on a bucket workdir another run holds is refused in one line, in seconds;
   * `LRA_DATA=gs://...`: a run before the data is there ends in one line; `lra data prepare`
     uploads the dataset, and a run reading it from the bucket equals the reference;
@@ -46,9 +49,11 @@ TINY = ["--config.data.num_train=96", "--config.data.num_val=32", "--config.data
 
 # argv: fault, step, then the `lra` command line. Faults: none; kill_in_save (SIGKILL inside the
 # save of training checkpoint `step` in a bucket, once its arrays are written and before orbax
-# writes commit_success.txt); sleep (the run waits `step` seconds after its first train step).
+# writes commit_success.txt); fail_in_save and full_in_save (that save raises instead: an
+# error of its own, or a full disk's OSError); sleep (the run waits `step` seconds after its
+# first train step).
 DRIVER = textwrap.dedent("""
-    import os, signal, sys, time
+    import errno, os, signal, sys, time
     fault, at = sys.argv[1], int(sys.argv[2])
     from orbax.checkpoint._src.path import atomicity
     from lra import train
@@ -58,6 +63,13 @@ DRIVER = textwrap.dedent("""
       final = str(self._final_path)
       if fault == "kill_in_save" and final.endswith(f"/checkpoints/{at}"):
         os.kill(os.getpid(), signal.SIGKILL)
+      if fault == "fail_in_save" and final.endswith(f"/checkpoints/{at}"):
+        raise RuntimeError("planted save failure")
+      if fault == "full_in_save" and final.endswith(f"/checkpoints/{at}"):
+        import threading   # a write abandoned by the failure that reports after the line
+        late = lambda: (time.sleep(2), os.write(2, b"planted abandoned write\\n"))
+        threading.Thread(target=late).start()
+        raise OSError(errno.ENOSPC, "No space left on device")
       return await finalize(self)
     atomicity.CommitFileTemporaryPath.finalize = faulty_finalize
 
@@ -78,14 +90,14 @@ DRIVER = textwrap.dedent("""
     """)
 
 
-def lra(args, data_dir, fault="none", at=0, timeout=300, popen=False):
-  env = {**os.environ, "LRA_DATA": data_dir, "JAX_PLATFORMS": "cpu",
+def lra(args, data_dir, fault="none", at=0, timeout=300, popen=False, cwd=ROOT):
+  env = {**os.environ, "LRA_DATA": data_dir, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
   cmd = [sys.executable, "-c", DRIVER, fault, str(at), *args]
   if popen:
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-  return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def run_args(workdir, *extra):
@@ -133,6 +145,32 @@ def test_a_sigkill_in_the_first_save_of_a_bucket_run_resumes_identical(
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert "Removed unfinished checkpoint saves" in rerun.stdout and ": 2 (" in rerun.stdout
   assert_same_as_reference(download(gcs_server, workdir, tmp_path), reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["fail_in_save", "full_in_save"])
+def test_a_failed_save_in_a_bucket_writes_its_error_log_there(gcs_server, data_dir, tmp_path,
+                                                                fault):
+  """Started in an empty folder: the failure's traceback (a save's own error) or what the
+  abandoned writes print after the line (a full disk) lands in the bucket's `error.log`, and
+  nothing in the folder the command was typed in."""
+  bucket = gcs_server.new_bucket()
+  workdir = f"gs://{bucket}/run"
+  cwd = tmp_path / "typed_here"
+  cwd.mkdir()
+  failed = lra(run_args(workdir), data_dir, fault, 4, cwd=cwd)
+  lines = failed.stderr.strip().splitlines()
+  assert failed.returncode == 2 and lines[-1].startswith("error: "), failed.stderr[-3000:]
+  assert "planted abandoned write" not in failed.stderr   # it went to the log
+  assert os.listdir(cwd) == [] and not os.path.exists(os.path.join(ROOT, "error.log"))
+  log = gcs_server.fs.cat(f"{bucket}/run/error.log").decode()
+  if fault == "fail_in_save":
+    assert lines[-1].startswith("error: RuntimeError: planted save failure (the traceback is in "
+                                f"{workdir}/error.log; rerun"), lines
+    assert "Traceback (most recent call last)" in log and "planted save failure" in log
+  else:
+    assert lines[-1].startswith(f"error: no space left on device while writing in {workdir} ")
+    assert "planted abandoned write" in log
 
 
 # --- the workdir lock in a bucket (lra/lock.py), in this process --------------------------------
