@@ -21,6 +21,7 @@ TASKS = {
     "enwik8": "lra.tasks.charlm:ENWIK8",
     "text8": "lra.tasks.charlm:TEXT8",
     "sort_marked": "lra.tasks.sort_marked:TASK",
+    "mqar": "lra.tasks.mqar:TASK",
 }
 
 

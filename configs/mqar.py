@@ -1,0 +1,103 @@
+"""MQAR (Zoology's multi-query associative recall): a causal 2-layer language model recalls the
+value paired with each queried key; every attention kind that can be causal.
+
+`arg` keys: `attention` (default dot_product; kinds that cannot be causal are refused at the
+start of a run), `size` (`base`: Zoology's settings; `small`: sized to train on a 2-core CPU),
+`window` (one-sided window of the local kinds, default 32), and Zoology's swept axes: `width`
+(model width, 64-512 in the paper), `length` (sequence length, 64-512) and `pairs` (key-value
+pairs; by default Zoology's 4, 8, 16, 64 for lengths 64, 128, 256, 512, else length // 16).
+The same fields are `--config.model.emb_dim` (and qkv_dim), `--config.data.max_length` and
+`--config.data.num_kv_pairs`.
+
+Main command (generates 20,000 training examples of 256 tokens with 16 pairs over Zoology's
+vocabulary of 8,192 tokens, trains 2 layers of width 64):
+
+  .venv/bin/lra run mqar --size small
+
+It ends with `test MQAR accuracy` (the fraction of answers recalled), in
+`workdirs/mqar-dot_product-small/results.json`; docs/recall.md has the measured value, the time
+and the generator's settings. Another kind: `--attention band`. Zoology's base at another point
+of its grid: `lra run mqar --size base --arg width=256,length=512 --workdir DIR`.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import common
+from lra.data import mqar_generator
+
+SIZES = ("base", "small")
+MAX_VOCAB = 8192                               # lra.tasks.mqar.MAX_VOCAB (the embedding rows)
+ZOOLOGY_PAIRS = {64: 4, 128: 8, 256: 16, 512: 64}   # Zoology's figure 2: pairs per length
+
+
+def data_config() -> ml_collections.ConfigDict:
+  """Zoology's MQAR data: vocabulary 8,192, power law a = 0.01, noise between the queries,
+  100,000 training and 3,000 test examples."""
+  return common.data_fields(
+      "mqar",
+      max_length=256,           # the sequence length (even; Zoology sweeps 64-512)
+      vocab_size=MAX_VOCAB,     # tokens 0 .. vocab_size - 1; keys below vocab_size // 2
+      num_kv_pairs=16,          # key-value pairs, then one query per key
+      power_a=mqar_generator.POWER_A,   # query gaps: P(g) ~ (g + 1) ** (power_a - 1)
+      noise=True,               # Zoology's random_non_queries: uniform tokens between queries
+      num_train=100_000, num_val=3_000, num_test=3_000, seed=0,
+      download=False)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The MQAR config for `arg` = "attention=NAME,size=base|small,window=W,width=D,length=L,
+  pairs=K" (0 or absent: the size's value)."""
+  p = common.parse_arg(arg, attention="", size=SIZES[0], window=0, width=0, length=0, pairs=0)
+  a = common.task_arg(",".join(f"{k}={p[k]}" for k in ("attention", "size", "window")
+                               if p[k]), attention="dot_product", sizes=SIZES)
+  c = common.task_config("mqar", data_config())
+  c.model.memory_length = 0
+  if a.size == "base":
+    # Zoology (Arora et al. 2023, section 3 and appendix): 2 layers, widths 64-512, each layer
+    # a sequence mixer and an MLP of 4x the width, learned positions, AdamW with a cosine
+    # schedule, learning rate swept (1e-4 .. 1e-2; 1e-3 here), 64 epochs of 100,000 examples
+    # (batch 64: 100,000 steps), test on 3,000 examples.
+    width = p.width or 128
+    common.set_model(c.model, layers=2, width=width, heads=1, mlp=4 * width,
+                     classifier=width, dropout=0.0, pos_emb="learned", pool="mean")
+    common.set_schedule(c, steps=100_000, batch=64, eval_batch=250, learning_rate=1e-3,
+                        schedule="cosine", warmup=1000, weight_decay=0.1, log_every=200,
+                        eval_every=5000, checkpoint_every=5000, grad_clip=1.0)
+  else:
+    # The issue's CPU point: width 64, length 256, 16 pairs, 2 layers; 20,000 training
+    # examples (docs/recall.md has the steps and learning rate that reach >= 99%).
+    c.data.update(num_train=20_000, num_val=500, num_test=1_000)
+    width = p.width or 64
+    common.set_model(c.model, layers=2, width=width, heads=2, mlp=2 * width,
+                     classifier=width, dropout=0.0, pos_emb="learned", pool="mean")
+    common.cpu_schedule(c, steps=1500, batch=32, eval_batch=250, learning_rate=3e-3,
+                        warmup=100, weight_decay=0.01, eval_every=500, checkpoint_every=500)
+  if p.length:
+    c.data.max_length = p.length
+  c.data.num_kv_pairs = p.pairs or ZOOLOGY_PAIRS.get(c.data.max_length,
+                                                     max(1, c.data.max_length // 16))
+  common.set_attention(c, a, a.window or 32)
+  extra = ",".join(f"{k}={p[k]}" for k in ("width", "length", "pairs") if p[k])
+  if extra:
+    c.config_arg += "," + extra
+  return c
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError (one line) for data settings that make no example or a vocabulary larger
+  than the model's (`configs.build_config` calls it after the overrides)."""
+  d = config.data
+  mqar_generator.check(vocab_size=d.vocab_size, seq_len=d.max_length, num_pairs=d.num_kv_pairs,
+                       power_a=d.power_a)
+  if d.vocab_size > MAX_VOCAB:
+    raise ValueError(f"config.data.vocab_size = {d.vocab_size}: the model has rows for at most "
+                     f"{MAX_VOCAB} tokens (Zoology's vocabulary).")
+
+
+def sweep(add) -> None:
+  """Dense against band attention at size small, two seeds."""
+  for kind in ("dot_product", "band"):
+    for seed in (0, 1):
+      add(config_arg=f"attention={kind},size=small", seed=seed)

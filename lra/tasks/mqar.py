@@ -1,0 +1,69 @@
+"""MQAR (Zoology's multi-query associative recall) with a causal decoder language model.
+
+The data (the tfds dataset and the model's examples) is `lra.data.mqar`, the generator
+`lra.data.mqar_generator`. The model is the character LM's causal `models.LanguageModel`
+(causal attention of any kind that can be causal), trained on next tokens; the loss and the
+accuracy count the answer positions only (the mask: each query, whose next token is its key's
+value), so the accuracy is the fraction of answers recalled. The best checkpoint is the one with
+the highest validation accuracy.
+
+The output layer (the tied embedding) runs only at the answer positions: a row of L tokens has at
+most L // 4 of them (the generator's 4 * pairs <= length), so the objective gathers the L // 4
+positions with the largest mask (the answers first, then weight-0 positions) before the
+vocabulary projection, a quarter or less of the full logits and the same loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from lra.data import mqar as data
+from lra.tasks.base import weighted_sums
+from lra.tasks.language_model import LanguageModelTask
+
+NAME = data.NAME
+MAX_VOCAB = 8192          # the largest data.vocab_size (Zoology's); ids are tokens + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class MQARTask(LanguageModelTask):
+  """Next-token prediction scored at the answer positions, reported as recall accuracy."""
+
+  def objective(self, model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
+    x, _ = model.encoder(batch["inputs"], rng=rng)                         # [B, L, E]
+    x = x * (x.shape[-1] ** -0.5)
+    mask = batch["mask"].astype(jnp.float32)                               # [B, L]
+    count = max(1, x.shape[1] // 4)
+    _, index = jax.lax.top_k(mask, count)                                  # [B, K]
+    h = jnp.take_along_axis(x, index[..., None], axis=1)                   # [B, K, E]
+    logits = model.encoder.embed.attend(h).astype(jnp.float32)             # [B, K, V]
+    targets = jnp.take_along_axis(batch["targets"], index, axis=1)         # [B, K]
+    weights = jnp.take_along_axis(mask, index, axis=1)
+    if "weights" in batch:
+      weights = weights * batch["weights"].astype(jnp.float32)[:, None]
+    return weighted_sums(logits, targets, weights)
+
+  def derived_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    del metrics
+    return {}
+
+  def better(self, metrics: Mapping[str, float], best: Mapping[str, Any]) -> bool:
+    return metrics["accuracy"] > best.get("accuracy", float("-inf"))
+
+  def result_fields(self, *, test_best, test_final, final_validation, best) -> dict[str, Any]:
+    del test_best, test_final, final_validation, best
+    return {}
+
+  def result_line(self, results: Mapping[str, Any], where: str) -> str:
+    return (f"test MQAR accuracy {results['test_accuracy']:.4f} (answers recalled), best "
+            f"validation accuracy {results['best_validation_accuracy']:.4f} at step "
+            f"{results['best_validation_step']}; results in {where}")
+
+
+TASK = MQARTask(name=NAME, vocab_size=MAX_VOCAB + data.OFFSET,
+                num_classes=MAX_VOCAB + data.OFFSET, get_source=data.get_source,
+                prepare=data.DATA.prepare, status=data.DATA.status)
