@@ -18,8 +18,9 @@ task's config for `--size` (default base), with `--config.data.*` overrides.
 A data folder in a bucket (`LRA_DATA=gs://BUCKET/lra_data`, or `--config.data.data_dir=gs://...`)
 is prepared locally and then copied there: tfds' array_record writer writes local files only,
 while training reads array_record files from a bucket directly. The dataset is built in a
-temporary local folder (with a bucket manual dir, its archives are looked for, or downloaded, in
-a local `manual/` there; `--manual_dir DIR` names a local one), then its version folder is
+temporary local folder (with a bucket manual dir, the default `gs://.../manual` that `lra data
+status` names, its files are first copied to a local `manual/` there, where the build looks for
+the archives, or downloads them; `--manual_dir DIR` names a local one), then its version folder is
 uploaded file by file, `dataset_info.json` last: readers take a dataset for prepared when that
 file is there, so an upload cut short is never used, and the next `prepare` uploads it again.
 """
@@ -113,6 +114,10 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
     print(f"data root: {archives.data_root()} (set ${archives.DATA_ROOT_ENV} to move it)")
     print(f"sizes: {args.size}" if args.size else
           "sizes: those with data ready (else the first); --size SIZE shows one size")
+    manual = args.manual_dir or archives.default_manual_dir()
+    if storage.is_remote(manual):
+      print(f"manual folder: {manual} (in a bucket: `lra data prepare` copies its files to a "
+            f"local temporary folder and builds there)")
     print("\n".join(status_lines(args.size, args.manual_dir)))
     return 0
   try:
@@ -129,10 +134,28 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   return 0
 
 
+def _download_tree(src: str, dst: str) -> int:
+  """Copies bucket folder `src` (when it exists) to local folder `dst`, file by file; returns the
+  number of files copied."""
+  fs = storage.remote_filesystem(src)
+  top = src.rstrip("/")
+  count = 0
+  for folder, _, names in storage.walk(top):
+    rel = folder[len(top):].strip("/")
+    for name in names:
+      target = os.path.join(dst, *rel.split("/"), name) if rel else os.path.join(dst, name)
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      fs.get_file(f"{folder}/{name}", target)
+      count += 1
+  os.makedirs(dst, exist_ok=True)
+  return count
+
+
 def _prepare_into_bucket(task, data, name: str) -> str:
   """Builds `task`'s dataset for data settings `data` (whose data_dir is in a bucket) in a local
   temporary folder and uploads its version folder to the same place under data_dir, the
   `dataset_info.json` that marks it prepared last; returns the bucket folder."""
+  from lra.data import archives
   storage.check_remote(data.data_dir)   # one line: no gcsfs, no such bucket, no credentials
   status = task.status(data)
   if status.ready:
@@ -141,9 +164,19 @@ def _prepare_into_bucket(task, data, name: str) -> str:
   try:
     local = data.copy_and_resolve_references()
     local.data_dir = os.path.join(staging, "data")
-    if "manual_dir" in local and storage.is_remote(local.manual_dir):
+    remote_manual = "manual_dir" in local and storage.is_remote(local.manual_dir)
+    if remote_manual:
       local.manual_dir = os.path.join(staging, "manual")
-    built = task.prepare(local)
+      count = _download_tree(data.manual_dir, local.manual_dir)
+      if count:
+        print(f"{name}: copied {count} files from {data.manual_dir} to a local temporary "
+              f"folder.", file=sys.stderr, flush=True)
+    try:
+      built = task.prepare(local)
+    except (archives.DataMissingError, archives.CorruptArchiveError) as e:
+      if not remote_manual:   # name the bucket's folder, where the user puts the files
+        raise
+      raise type(e)(str(e).replace(local.manual_dir, data.manual_dir)) from None
     rel = os.path.relpath(built, local.data_dir)
     dest = storage.join(data.data_dir, *rel.split(os.sep))
     count = storage.copy_tree(built, dest, last="dataset_info.json")

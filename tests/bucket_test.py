@@ -13,6 +13,8 @@ here all reach the emulator through the JSON API, as they reach GCS. End to end 
   * a second `lra run` on a bucket workdir another run holds is refused in one line, in seconds;
   * `LRA_DATA=gs://...`: a run before the data is there ends in one line; `lra data prepare`
     uploads the dataset, and a run reading it from the bucket equals the reference;
+  * `lra data status` names the bucket's manual/ folder, and `lra data prepare` builds from the
+    released ListOps TSVs put there (copied to a local folder first);
   * `lra sweep --workdir gs://...` writes its files into the bucket and finds its runs finished;
     `lra results gs://...` lists them with where they ran.
 The uninterrupted reference runs on the local disk, so that path shares no bucket code. In this
@@ -351,6 +353,44 @@ def test_data_prepared_into_a_bucket_trains_as_local_data(gcs_server, reference,
   assert trained.returncode == 0, trained.stderr[-3000:]
   assert "preparing" not in trained.stderr   # it found the bucket's dataset
   assert_same_as_reference(workdir, reference)
+
+
+def test_prepare_reads_the_files_status_names_in_the_bucket_manual_folder(gcs_server, tmp_path):
+  """`lra data status` names the bucket's manual/ folder; the released ListOps TSVs put there
+  are what `lra data prepare` builds the dataset from (copied to a local folder first)."""
+  from lra.data import listops_generator as gen
+  bucket = gcs_server.new_bucket()
+  data_root = f"gs://{bucket}/lra_data"
+  status = lra(["data", "status", "--size", "small"], data_root)
+  assert status.returncode == 0, status.stderr[-3000:]
+  assert f"manual folder: {data_root}/manual (in a bucket: `lra data prepare` copies" in \
+      status.stdout
+  assert f"{data_root}/manual/" in status.stdout   # where the archives go (imdb, cifar10, ...)
+  release = tmp_path / "lra_release" / "listops-1000"
+  release.mkdir(parents=True)
+  rows = gen.generate(21, min_length=10, max_length=24, seed=9)
+  counts = {"basic_train.tsv": 11, "basic_val.tsv": 6, "basic_test.tsv": 4}
+  start = 0
+  for name, n in counts.items():
+    gen.write_tsv(str(release / name), rows[start:start + n])
+    start += n
+  gcs_server.fs.put(str(tmp_path / "lra_release"), f"{bucket}/lra_data/manual/",
+                    recursive=True)
+  prepared = lra(["data", "prepare", "listops", "--size", "small", "--no_download",
+                  "--config.data.generate=False", "--config.data.max_length=24"], data_root)
+  assert prepared.returncode == 0, prepared.stderr[-3000:]
+  assert f"listops: copied 3 files from {data_root}/manual to a local" in prepared.stderr
+  folder = prepared.stdout.strip().splitlines()[-1].split("dataset ready in ")[1]
+  assert folder.startswith(f"{data_root}/listops/lra_listops/released/")
+  info = json.loads(gcs_server.fs.cat(f"{folder[len('gs://'):]}/dataset_info.json"))
+  assert {s["name"]: sum(int(n) for n in s["shardLengths"]) for s in info["splits"]} == {
+      "train": 11, "validation": 6, "test": 4}
+  # Without the files there, the refusal names the bucket's folder, not the local copy.
+  empty = gcs_server.new_bucket()
+  missing = lra(["data", "prepare", "listops", "--size", "small", "--no_download",
+                 "--config.data.generate=False"], f"gs://{empty}/lra_data")
+  assert missing.returncode == 2 and f"gs://{empty}/lra_data/manual/lra_release.gz" in \
+      missing.stderr and "lra-data-" not in missing.stderr, missing.stderr[-3000:]
 
 
 @pytest.mark.slow
