@@ -86,6 +86,19 @@ def test_band_against_the_definition(case):
   assert np.all(np.asarray(got["out"])[~real] == 0)
 
 
+@pytest.mark.parametrize("block", [1, 4])
+def test_a_window_of_one_reaches_into_the_next_block(block):
+  """Window 1: the last query of a block needs the first key of the next one (and block_size 1,
+  the smallest, is accepted and exact)."""
+  rng = np.random.default_rng(11)
+  q, k, v = (jnp.asarray(rng.normal(size=(1, 13, 2, 4)), jnp.float32) for _ in range(3))
+  real = np.ones((1, 13), bool)
+  for causal in (False, True):
+    allowed = jnp.asarray(_pattern(13, 1, (1, 1), causal, np.zeros((1, 13), bool), real))
+    got = band.band_attention(q, k, v, window=1, causal=causal, block_size=block)
+    chex.assert_trees_all_close(got, _dense(q, k, v, allowed), atol=2e-5, rtol=2e-5)
+
+
 def test_band_without_key_mask_equals_all_real():
   rng = np.random.default_rng(7)
   q, k, v = (jnp.asarray(rng.normal(size=(1, 9, 2, 4)), jnp.float32) for _ in range(3))
