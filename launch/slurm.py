@@ -25,7 +25,11 @@ the command was typed in, as `lra run` does.
 Logs: the job's own lines go to `<launch_dir>/slurm-<ID>.out` and each task's output to
 `job<ID>-task<T>.log`, both appended to (`--open-mode=append`), with a line naming the attempt
 (`SLURM_RESTART_COUNT` + 1) at the start of each, so a requeued job keeps its earlier attempts.
-With `--time`, SLURM signals the batch script two minutes before the limit (`--signal=B:USR1@120`);
+With `--time`, the batch script signals itself (USR1) two minutes before the limit (a quarter of
+the limit when that is under 8 minutes: `--time 1` stops at 45 s), from a timer it starts
+itself: SLURM's own warning (`--signal=B:USR1@120`, also written for limits of 10 minutes and
+more) is checked every 30 s only, so it may come 30 s early or, within a short limit, not before
+the limit at all. On USR1
 the script passes SIGTERM to the tasks, which agree on a step, save a checkpoint and stop (`lra
 run`'s exit status 130, which the tasks turn into 0 and a note in `job<ID>.stopped`, so that
 `--kill-on-bad-exit` spares the tasks still saving). The script reports such a stop as a clean
@@ -163,6 +167,26 @@ def options(args: argparse.Namespace) -> Options:
                  bool(args.requeue))
 
 
+def time_limit_s(limit: str) -> int:
+  """SLURM's `--time` forms in seconds: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS,
+  DAYS-HOURS, DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS (0: no limit)."""
+  days, _, rest = limit.rpartition("-")
+  parts = [int(x) for x in rest.split(":")]
+  if days:
+    hours, minutes, seconds = parts + [0] * (3 - len(parts))
+  else:
+    hours, (minutes, seconds) = (0, (parts + [0])[:2]) if len(parts) < 3 else (parts[0], parts[1:])
+  return (((int(days or 0) * 24) + hours) * 60 + minutes) * 60 + seconds
+
+
+def stop_lead_s(limit: str) -> int:
+  """How long before the time limit the batch script asks the tasks to save and stop."""
+  return min(STOP_LEAD_S, time_limit_s(limit) // 4)
+
+
+STOP_LEAD_S = 120
+
+
 def default_launch_dir(command: remote.RunCommand) -> str:
   name = os.path.basename(command.workdir.rstrip("/")) or command.task
   return os.path.join(remote.DEFAULT_LAUNCH_DIR, f"slurm-{name}")
@@ -215,8 +239,9 @@ def script(o: Options, command: remote.RunCommand, launch_dir: str) -> str:
     lines.append(f"#SBATCH --cpus-per-task={o.cpus_per_task}")
   lines += [f"#SBATCH --{k}={v}" for k, v in (("partition", o.partition), ("time", o.time),
                                                ("account", o.account)) if v]
-  if o.time:
-    lines.append("#SBATCH --signal=B:USR1@120")
+  limit = time_limit_s(o.time) if o.time else 0
+  if limit >= 600:   # SLURM's warning as well, in case the limit is changed (scontrol update)
+    lines.append(f"#SBATCH --signal=B:USR1@{STOP_LEAD_S}")
   lines.append("#SBATCH --requeue" if o.requeue else "#SBATCH --no-requeue")
   lines += [f"#SBATCH --output={os.path.join(folder, 'slurm-%j.out')}",
             "#SBATCH --open-mode=append",
@@ -246,11 +271,24 @@ def script(o: Options, command: remote.RunCommand, launch_dir: str) -> str:
             'rm -f "$LRA_STOP_MARKER"',
             "limit=0",
             "# Near the time limit (USR1) or on scancel (TERM): SIGTERM to the tasks, which save.",
-            'on_signal() { [ "$1" = USR1 ] && limit=1; echo "=== $1: asking the tasks to save '
-            'and stop"; kill -TERM "${srun_pid:-0}" 2>/dev/null; }',
+            "# Once (the timer's USR1 and SLURM's may both come). The time limit's stop signals "
+            "the step's",
+            "# tasks alone: srun, sent SIGTERM, would end the step, killing the tasks after "
+            "KillWait.",
+            'on_signal() { [ "$1" = TERM ] && limit=0; [ -n "${asked:-}" ] && return; asked=1; '
+            'echo "=== $1: asking the tasks to save and stop"; if [ "$1" = USR1 ]; then limit=1; '
+            'scancel --quiet --signal=TERM "$SLURM_JOB_ID.0"; '
+            'else kill -TERM "${srun_pid:-0}" 2>/dev/null; fi; }',
             "trap 'on_signal USR1' USR1",
-            "trap 'on_signal TERM' TERM",
-            f"{srun} &",
+            "trap 'on_signal TERM' TERM"]
+  if limit:
+    lines += [f"# The time limit's stop, {stop_lead_s(o.time)} s before it (SLURM's --signal "
+              f"is checked every 30 s only).",
+              f"( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep {limit - stop_lead_s(o.time)} & "
+              f"s=$!; wait $s && kill -USR1 $$ ) >/dev/null 2>&1 &",
+              "timer_pid=$!   # ended with the script (its sleep too: it holds no output open)",
+              "trap 'kill $timer_pid 2>/dev/null' EXIT"]
+  lines += [f"{srun} &",
             "srun_pid=$!",
             "while :; do wait $srun_pid; rc=$?; kill -0 $srun_pid 2>/dev/null || break; done",
             'if [ $rc = 0 ] && [ -e "$LRA_STOP_MARKER" ] || [ $rc = 130 ]; then',

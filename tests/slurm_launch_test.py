@@ -16,6 +16,11 @@ jax.distributed job on 2 CPU devices each (a 4-device mesh), with a relative --w
   (`--follow` ends with it).
 - SIGTERM to both tasks during start-up (as soon as each runs its first line, before jax is
   imported): the job stops cleanly at step 0 and resumes exactly too.
+- `--time 1 --requeue` (one minute, SLURM's smallest) for a run that needs more (its steps
+  slowed by a sitecustomize on the tasks' PYTHONPATH): the batch script stops the tasks at one
+  step 15 s before the limit, requeues the job, and the next attempt (appended to the same logs)
+  resumes from that step and finishes with the parameters of one uninterrupted process. About
+  100 s, most of it the minute the job waits for its limit.
 
 The tests skip (with the reason) where the daemons cannot run: not root, or the packages missing
 (`.ci/run` installs them).
@@ -270,3 +275,96 @@ def test_sigterm_stops_all_tasks_at_one_step_and_resumes_exactly(when, cluster, 
   assert final == LONG["num_train_steps"]
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(uninterrupted), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# --- requeue at a real time limit --------------------------------------------------------------
+
+# Put on the tasks' PYTHONPATH: each train step sleeps LRA_TEST_STEP_SLEEP seconds first, so that
+# the run needs more than its one-minute limit whatever the machine's speed (the sleep is outside
+# the step's computation: the parameters are those of a run without it).
+SLOW_STEPS = """
+import os
+if os.environ.get("LRA_TEST_STEP_SLEEP"):
+  import time
+  from lra import train
+  init = train.Trainer.__init__
+  def slow_init(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    step_fn = self.train_step
+    def step(state, batch, rest):
+      time.sleep(float(os.environ["LRA_TEST_STEP_SLEEP"]))
+      return step_fn(state, batch, rest)
+    self.train_step = step
+  train.Trainer.__init__ = slow_init
+"""
+# 80 steps of at least 0.5 s: 40 s of training after a start-up of 10 to 20 s, in a job that
+# stops at 45 s (`--time 1`: the batch script's timer, a quarter of the limit before it).
+REQUEUED = {**OVERRIDES, "num_train_steps": 80, "eval_every": 10**6, "checkpoint_every": 10**6,
+            "log_every": 10}
+
+
+def attempts(text: str) -> list[str]:
+  """A log's parts, one per attempt (each starts with its `=== job ... attempt N` line)."""
+  return [part for part in text.split("=== job ")[1:]]
+
+
+def test_requeue_at_a_one_minute_time_limit_resumes_to_the_end(cluster, config, tmp_path):
+  slow = tmp_path / "slow"
+  slow.mkdir()
+  (slow / "sitecustomize.py").write_text(SLOW_STEPS)
+  p = launch(cluster, tmp_path, REQUEUED, "--time", "1", "--requeue",
+             "--env", f"PYTHONPATH={slow}:{REPO}", "--env", "LRA_TEST_STEP_SLEEP=0.5",
+             follow=False)
+  job = job_id(p)
+  t0 = time.monotonic()
+  released, held = 0, None
+  while True:
+    # SLURM holds a requeued job for 2 minutes (BeginTime): released here after 5 s (at once,
+    # slurmd may refuse the new attempt's credential, issued in the second the old one was
+    # revoked, and the job ends FAILED: "Job credential revoked").
+    fields = cluster.job(job)
+    state = fields.get("JobState")
+    if state == "PENDING" and fields.get("Reason") == "BeginTime" and \
+        int(fields.get("Restarts", 0)) > released:
+      held = held or time.monotonic()
+      if time.monotonic() - held > 5:
+        cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        released, held = int(fields["Restarts"]), None
+    if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", None):
+      break
+    assert time.monotonic() - t0 < 400, (fields, logs(tmp_path, job))
+    time.sleep(0.5)
+  took = time.monotonic() - t0
+  assert state == "COMPLETED" and int(fields["Restarts"]) >= 1, (fields, logs(tmp_path, job))
+  out = attempts((tmp_path / "launch" / f"slurm-{job}.out").read_text())
+  assert len(out) == int(fields["Restarts"]) + 1, logs(tmp_path, job)
+  for n, part in enumerate(out[:-1], 1):   # each attempt but the last stopped at the limit
+    assert part.startswith(f"{job} attempt {n} on ") and "=== USR1: asking the tasks" in part
+    assert "=== requeued at the time limit" in part and "TERM" not in part, part
+  assert out[-1].startswith(f"{job} attempt {len(out)} on ") and "requeued" not in out[-1]
+  # Each task's log, appended to: every attempt's lines; each resumes where the last saved.
+  saved = {}
+  for t in (0, 1):
+    parts = attempts((tmp_path / "launch" / f"job{job}-task{t}.log").read_text())
+    assert [x.split(" task ")[0] for x in parts] == [f"{job} attempt {n}"
+                                                     for n in range(1, len(out) + 1)]
+    for n, part in enumerate(parts[:-1]):
+      step = [int(x.split("at step ")[1].split()[0]) for x in part.splitlines()
+              if x.startswith(("Saved a checkpoint at step", "Stopped at step"))]
+      assert len(step) == 1 and 0 < step[0] < REQUEUED["num_train_steps"], part
+      saved.setdefault(n, step[0])
+      assert saved[n] == step[0]   # both tasks stopped at one step
+      assert f"Resumed from {tmp_path}/wd/checkpoints at step {step[0]}." in parts[n + 1]
+  assert sorted(saved.values()) == list(saved.values())   # each attempt got further
+  results = json.loads((tmp_path / "wd" / "results.json").read_text())
+  assert results["steps"] == REQUEUED["num_train_steps"]
+  # The parameters of one uninterrupted process (4 devices, as the job's 2 x 2).
+  config = configs.build_config("listops", size="small",   # the data `config` prepared
+                                overrides=[(k, str(v)) for k, v in REQUEUED.items()])
+  reference = train.train_and_evaluate(config, str(tmp_path / "one"))["state"]["params"]
+  params, step = final_params(tmp_path / "wd", reference)
+  assert step == REQUEUED["num_train_steps"]
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+  print(f"requeued {fields['Restarts']} times at the one-minute limit; the job took {took:.0f} s"
+        f" (steps saved per attempt: {list(saved.values())})")
