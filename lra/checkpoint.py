@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import tempfile
 from typing import Any
 
@@ -130,29 +131,33 @@ def checksums(state: Any) -> dict[str, str]:
 @contextlib.contextmanager
 def _quiet_orbax():
   """Drops orbax's log records (it logs through absl's logger) for the block: a failed restore
-  is reported in one line by the checkpointer, not by orbax's tracebacks. When the restore
-  fails, the reads it abandoned complete later into the event loop orbax has closed, and
-  tensorstore prints each "Event loop is closed" error through `sys.excepthook` (or
-  `sys.unraisablehook`): those are dropped from then on, for the rest of the process."""
+  is reported in one line by the checkpointer, not by orbax's tracebacks. When a restore fails,
+  the reads it abandoned complete later into the event loop orbax has closed, and tensorstore
+  prints each "Event loop is closed" error through `sys.excepthook`, from its own threads and
+  possibly before the failure reaches the caller: the filter of those errors is installed
+  before the restore starts (`_drop_loop_closed_errors`), for the rest of the process."""
+  _drop_loop_closed_errors()
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
   absl_logger.setLevel(logging.CRITICAL)
   try:
     yield
   except BaseException:
-    _drop_loop_closed_errors()
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     raise
   finally:
     absl_logger.setLevel(level)
 
 
 def _drop_loop_closed_errors() -> None:
-  """From now on, "Event loop is closed" errors of abandoned reads and writes are not printed."""
+  """From now on, "Event loop is closed" errors of abandoned reads and writes are not printed
+  (`sys.excepthook`, `sys.unraisablehook`, `threading.excepthook`); every other error is."""
   if not isinstance(sys.excepthook, functools.partial):
     sys.excepthook = functools.partial(_except_unless_loop_closed, sys.excepthook)
   if not isinstance(sys.unraisablehook, functools.partial):
     sys.unraisablehook = functools.partial(_unless_loop_closed, sys.unraisablehook)
-  logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+  if not isinstance(threading.excepthook, functools.partial):
+    threading.excepthook = functools.partial(_unless_loop_closed, threading.excepthook)
 
 
 def _loop_closed(error: BaseException | None) -> bool:
@@ -167,22 +172,20 @@ def _except_unless_loop_closed(hook, kind, error, tb) -> None:
 @contextlib.contextmanager
 def _quiet_save():
   """A failed save is reported by its exception alone. While it runs, orbax's log records are
-  dropped (absl's logger), and so are the "Event loop is closed" errors of tensorstore's
-  completions into event loops that orbax has closed (Python hands them to
-  `sys.unraisablehook`): writes that a failing save abandoned. When it fails they stay dropped,
-  with asyncio's reports of the abandoned futures, for the rest of the process: those writes
-  go on failing until it ends."""
+  dropped (absl's logger); the "Event loop is closed" errors of tensorstore's completions into
+  event loops that orbax has closed (writes that a failing save abandoned) are dropped from its
+  start for the rest of the process (`_drop_loop_closed_errors`), and when it fails so are
+  asyncio's reports of the abandoned futures: those writes go on failing until it ends."""
+  _drop_loop_closed_errors()
   absl_logger = logging.getLogger("absl")
-  level, hook = absl_logger.level, sys.unraisablehook
+  level = absl_logger.level
   absl_logger.setLevel(logging.CRITICAL)
-  sys.unraisablehook = functools.partial(_unless_loop_closed, hook)
   try:
     yield
   except BaseException:
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     raise
   absl_logger.setLevel(level)
-  sys.unraisablehook = hook
 
 
 def _unless_loop_closed(hook, unraisable) -> None:

@@ -200,3 +200,25 @@ def test_load_params_refuses_damaged_parameters(tmp_path, mesh, monkeypatch):
   ckpt.close()
   with pytest.raises(checkpoint.CheckpointError, match="do not match the checksums"):
     checkpoint.load_params(str(tmp_path), checkpoint.abstract_like(make_state(0, mesh)["params"]))
+
+
+def test_only_event_loop_closed_errors_are_dropped_and_from_before_a_restore(monkeypatch, capsys):
+  """tensorstore reports a read that a failed restore abandoned through `sys.excepthook` from its
+  own thread, possibly before the failure reaches the caller: the filter is in place as soon as
+  a restore or save starts, and passes every other error on."""
+  import sys
+  import threading
+  seen = []
+  monkeypatch.setattr(sys, "excepthook", lambda kind, error, tb: seen.append(str(error)))
+  monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(str(args.exc_value)))
+  with checkpoint._quiet_orbax():
+    sys.excepthook(RuntimeError, RuntimeError("Event loop is closed"), None)
+    sys.excepthook(RuntimeError, RuntimeError("something else"), None)
+
+    def fail(message):
+      raise RuntimeError(message)
+    for message in ("Event loop is closed", "a thread's own error"):
+      thread = threading.Thread(target=fail, args=(message,))
+      thread.start()
+      thread.join()
+  assert seen == ["something else", "a thread's own error"]
