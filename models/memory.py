@@ -94,7 +94,7 @@ def _project(mha, x, name):
   return jnp.einsum("ble,ehd->blhd", x, getattr(mha, name)[...].astype(x.dtype))
 
 
-def attend(mha, x, prefix, query_valid, key_valid, clamp_len=0, same_length=False):
+def attend(mha, x, prefix, query_valid, key_valid, clamp_len, same_length):
   """The layer `mha` (relative positions) over [prefix; x]: x `[B, L, E]`, prefix `[B, P, E]`.
 
   A band layer keeps its own pattern (window, dilation, per head) measured over the key
@@ -109,7 +109,7 @@ def attend(mha, x, prefix, query_valid, key_valid, clamp_len=0, same_length=Fals
   q = _project(mha, x, "query")
   k, v = _project(mha, full, "key"), _project(mha, full, "value")
   window = mha.args.get("window")   # a band layer: its window, as far as the memory reaches
-  dilation = mha.args.get("dilation", 1) or 1
+  dilation = mha.args.get("dilation", 1)   # a None or 0 is refused by the config check
   limit = prefix.shape[1] - 1 if same_length else None
   out = memory_attention(q, k, v, u=mha.u[...], v_bias=mha.v_bias[...], w_r=mha.w_r[...],
                          key_valid=key_valid, query_valid=query_valid, window=window,
@@ -177,7 +177,7 @@ def memory_layers(cfg: ModelSettings | Mapping[str, Any]) -> int:
 
 
 def forward(encoder, compress, tokens, state: Mapping[str, jax.Array], *, rng=None,
-            clamp_len: int = 0, same_length: bool = False):
+            clamp_len: int, same_length: bool):
   """The encoder over one segment with memory: (features `[B, L, E]`, new state, recon loss).
 
   `encoder` is a `models.encoder.Encoder` of pre-LN sublayers in any order: interleaved

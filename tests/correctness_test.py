@@ -115,9 +115,11 @@ def test_memory_with_dilated_band_equals_the_dense_pattern(dilation):
   assert np.abs(np.asarray(_dense_reference(model, tokens, wide) - got)).max() > 1e-3
 
 
-def test_memory_attention_dilation_and_same_length_by_definition():
+@pytest.mark.parametrize("dils", [(1, 2), None])
+def test_memory_attention_dilation_and_same_length_by_definition(dils):
   """`memory_attention` against a NumPy transcription of Transformer-XL's logit, per head, with
-  a per-head dilated window and a `same_length` distance limit."""
+  a per-head dilated window (or a window without a dilation: contiguous) and a `same_length`
+  distance limit."""
   from attention import relative
   b, lq, prefix, h, d, e = 1, 4, 5, 2, 4, 6
   keys = jax.random.split(jax.random.key(7), 6)
@@ -126,10 +128,12 @@ def test_memory_attention_dilation_and_same_length_by_definition():
   u, vb = (jax.random.normal(keys[i], (h, d)) for i in (3, 4))
   w_r = jax.random.normal(keys[5], (e, h, d))
   valid = jnp.ones((b, prefix + lq), bool).at[0, 1].set(False)
-  window, dils, limit = 2, (1, 2), 4
+  window, limit = 2, 4
+  given = {} if dils is None else {"dilation": dils}
   got = memory_lib.memory_attention(q, k, v, u=u, v_bias=vb, w_r=w_r, key_valid=valid,
                                     query_valid=jnp.ones((b, lq), bool), window=window,
-                                    dilation=dils, max_distance=limit)
+                                    max_distance=limit, **given)
+  dils = dils or (1, 1)
   q, k, v, u, vb, w_r = map(np.asarray, (q, k, v, u, vb, w_r))
   want = np.zeros(got.shape, np.float64)
   for head in range(h):

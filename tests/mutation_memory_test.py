@@ -49,6 +49,7 @@ def test_check_refuses_a_rate_that_does_not_divide_the_segment():
   memory_lib.check({"compressed_length": 4, "compression_rate": 2}, 8)
   memory_lib.check({"compressed_length": 4}, 7)                         # rate 1 by default
   memory_lib.check({"compressed_length": 4, "compression_rate": None}, 7)
+  memory_lib.check({"compression_rate": 3}, 8)           # no compressed memory named: fine
   with pytest.raises(ValueError, match="compression_rate 3 must divide the segment length 8"):
     memory_lib.check({"compressed_length": 4, "compression_rate": 3}, 8)
 
@@ -69,9 +70,9 @@ def test_memory_layers_count_the_attention_sublayers():
 @pytest.mark.slow   # runs in the mutation runs (benchmarks/mutation.py) and CI
 def test_a_memory_of_the_wrong_depth_is_refused():
   model = models.LanguageModel(_cfg(layers=2, memory_length=3), rngs=nnx.Rngs(0))
-  state = memory_lib.init_state(1, 1, 8, 3)
+  state = memory_lib.init_state(1, 3, 8, 3)              # 1 layer, batch 3: the count is named
   with pytest.raises(ValueError, match="the memory has 1 layers but the model has 2 attention"):
-    model(jnp.ones((1, 4), jnp.int32), memory=state)
+    model(jnp.ones((3, 4), jnp.int32), memory=state)
 
 
 def test_reconstruction_loss_by_the_equation_with_length_unlike_head_dim():
@@ -125,3 +126,35 @@ def test_compressed_slots_are_valid_when_all_their_states_are():
   np.testing.assert_array_equal(np.asarray(state["cvalid"]), np.asarray(want))
   np.testing.assert_array_equal(np.asarray(state["valid"]),
                                 np.asarray(tokens[:, 4:] > 0))
+
+
+def test_the_stop_gradient_norm_is_the_layer_norm_even_on_a_constant_row():
+  """`_sg_norm` against flax's own LayerNorm (random scale and bias), with a constant row: its
+  variance is 0, where only the epsilon keeps the normalisation finite."""
+  ln = nnx.LayerNorm(6, rngs=nnx.Rngs(0))
+  ln.scale[...] = jax.random.normal(jax.random.key(1), (6,))
+  ln.bias[...] = jax.random.normal(jax.random.key(2), (6,))
+  x = jax.random.normal(jax.random.key(3), (2, 3, 6)).at[1, 2].set(0.7)
+  got = np.asarray(memory_lib._sg_norm(ln, x))   # pylint: disable=protected-access
+  assert np.isfinite(got).all()
+  np.testing.assert_allclose(got, np.asarray(ln(x)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow   # runs in the mutation runs (benchmarks/mutation.py) and CI
+def test_one_memory_layer_s_reconstruction_loss_is_that_layer_s():
+  """The loss is averaged over the memory layers: with one layer it is that layer's loss, here
+  rebuilt from the pieces (segment 4, memory 2 (empty): the oldest 4 states of [memory; x]
+  leave and are compressed in pairs)."""
+  sg_norm = memory_lib._sg_norm   # pylint: disable=protected-access
+  model = models.LanguageModel(_cfg(layers=1, memory_length=2, compressed_length=2,
+                                    compression="mean", compression_rate=2), rngs=nnx.Rngs(5))
+  tokens = jax.random.randint(jax.random.key(6), (2, 4), 1, V)
+  _, _, got = model(tokens, memory=model.init_memory(2))
+  enc, block = model.encoder, model.encoder.blocks[0]
+  x = enc.positions(enc.embed(tokens)).astype(enc.dtype)
+  old = jnp.concatenate([jnp.zeros((2, 2, x.shape[-1]), x.dtype), x], axis=1)[:, :4]
+  comp = model.compress[0](old)
+  want = memory_lib.reconstruction_loss(block.attention, sg_norm(block.ln_attn, x),
+                                        sg_norm(block.ln_attn, old), sg_norm(block.ln_attn, comp))
+  assert float(want) > 1e-6
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
