@@ -125,3 +125,124 @@ def test_a_preflight_compile_that_takes_a_while_says_what_it_compiles(monkeypatc
                     "window=16), 2 layers, to measure their memory and time (--no_preflight "
                     "skips this)..."), out
   assert out[1].startswith("Preflight: about ")
+
+
+# benchmarks/first_hour.py: the docs' numbers read from the docs, compared with a command's output.
+
+from pathlib import Path   # noqa: E402
+
+from benchmarks import first_hour   # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _docs(planted=None):
+  """The docs the checks read, with the `planted` {file: (old, new)} slips."""
+  docs = {c.doc: (REPO / c.doc).read_text() for c in first_hour.CHECKS}
+  for doc, (old, new) in (planted or {}).items():
+    assert old in docs[doc], old
+    docs[doc] = docs[doc].replace(old, new)
+  return docs
+
+
+def _check(name):
+  return next(c for c in first_hour.CHECKS if c.name == name)
+
+
+def test_every_check_finds_its_one_doc_line():
+  docs = _docs()
+  for check in first_hour.CHECKS:
+    value = first_hour.doc_value(docs[check.doc], check.pattern)
+    assert value, check.name
+    if check.tolerance_pattern:
+      assert float(first_hour.doc_value(docs[check.doc], check.tolerance_pattern)) > 1
+  assert first_hour.doc_value(docs["README.md"], _check("demo").pattern) == "0.39"
+
+
+@pytest.mark.parametrize("kind,expected,got,ok", [
+    ("exact", "0.39", "0.3925", True),      # the doc's digits: 0.3925 reads 0.39
+    ("exact", "0.39", "0.3895", True),
+    ("exact", "0.39", "0.3849", False),
+    ("exact", "0.15", "0.1450", True),     # half up, as the docs round
+    ("exact", "0.14", "0.1450", False),
+    ("exact", "0.3925", "0.3925", True),
+    ("exact", "0.3925", "0.3895", False),
+    ("exact", "77,258", "77,258", True),
+    ("exact", "77,258", "77,259", False),
+    ("exact", "0.39", None, False),
+    ("factor", "87", "60", True),
+    ("factor", "87", "130", True),
+    ("factor", "87", "50", False),
+    ("text", "favor", "favor", True),
+    ("text", "favor", "performer", False),
+    ("line", "band  Longformer   x", "band Longformer x", True),
+    ("line", "band  Longformer   x", "band Longformer y", False),
+])
+def test_compare(kind, expected, got, ok):
+  assert first_hour.compare(kind, expected, got, factor=1.5) is ok
+
+
+DEMO_OUT = ("Training listops (attention=dot_product,size=small) in /x\n"
+            "test accuracy 0.3925 (majority class 0.1450), best validation accuracy 0.3920 at "
+            "step 800; results in /x/results.json\n")
+
+
+def test_a_run_that_prints_the_documented_numbers_matches():
+  docs = _docs()
+  for name in ("demo", "demo_majority", "demo_seed0"):
+    row = first_hour.evaluate(_check(name), docs, 0, DEMO_OUT)
+    assert row.ok, (name, row)
+  row = first_hour.evaluate(_check("demo"), docs, 0, DEMO_OUT)
+  assert (row.expected, row.got) == ("0.39", "0.3925")
+
+
+def test_a_stale_doc_number_is_a_mismatch():
+  docs = _docs({"README.md": ("`test accuracy 0.39 (majority", "`test accuracy 0.41 (majority")})
+  row = first_hour.evaluate(_check("demo"), docs, 0, DEMO_OUT)
+  assert not row.ok and (row.expected, row.got) == ("0.41", "0.3925")
+  docs = _docs({"docs/training.md": ("parameters: 77,258", "parameters: 77,259")})
+  row = first_hour.evaluate(_check("dry_run_params"), docs, 0, "parameters: 77,258\n")
+  assert not row.ok
+  assert "MISMATCH" in first_hour.table([row])
+
+
+def test_a_dropped_doc_line_a_wrong_exit_or_a_missing_number_is_reported():
+  docs = _docs({"docs/pretraining.md": ("| ListOps | scratch (800 steps) |",
+                                       "| ListOps | scratch |")})
+  row = first_hour.evaluate(_check("demo_seed0"), docs, 0, DEMO_OUT)
+  assert not row.ok and "0 lines match" in row.note
+  row = first_hour.evaluate(_check("demo"), _docs(), 1, DEMO_OUT)
+  assert not row.ok and "exit 1, documented 0" in row.note
+  row = first_hour.evaluate(_check("demo"), _docs(), 0, "Training listops\n")
+  assert not row.ok and row.got == "(not printed)"
+
+
+def test_the_list_rows_of_the_readme_against_lra_list(capsys):
+  from launch import cli
+  assert cli.main(["list"]) == 0
+  out = capsys.readouterr().out
+  for name in ("list_band", "list_favor", "list_lsh"):
+    assert first_hour.evaluate(_check(name), _docs(), 0, out).ok, name
+  docs = _docs({"README.md": ("FAVOR+ random features", "FAVOR+ random feature maps")})
+  assert not first_hour.evaluate(_check("list_favor"), docs, 0, out).ok
+
+
+def test_quick_and_only_select_the_checks():
+  quick = first_hour.select(True, "")
+  assert quick and all(c.quick for c in quick)
+  assert {c.name for c in first_hour.select(False, "")} == {c.name for c in first_hour.CHECKS}
+  assert [c.name for c in first_hour.select(False, "demo")] == [
+      "demo", "demo_majority", "demo_seed0"]
+  assert len(first_hour.select(False, "sweep_kinds_small")) == 4
+  with pytest.raises(SystemExit, match="no check named nosuch"):
+    first_hour.select(False, "nosuch")
+
+
+@pytest.mark.slow
+def test_the_quick_first_hour_runs_from_a_fresh_clone(capsys):
+  """benchmarks/first_hour.py --quick end to end (about a minute): a clone of the committed
+  checkout, the dry run, the refusal and a 5-step run, every row ok."""
+  status = first_hour.main(["--quick"])
+  out = capsys.readouterr().out
+  assert status == 0, out
+  assert "checks match their docs." in out
