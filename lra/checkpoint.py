@@ -10,7 +10,7 @@ starting from scratch. Orbax writes each step to a temporary directory and renam
 complete (in a `gs://` bucket: in place, then a `commit_success.txt` file); what a killed or
 failed save leaves is never a finished step, and is removed when the checkpointer opens the
 directory. A failed save is reported by its exception alone: what orbax and its abandoned
-writes report is dropped (`_quiet_save`).
+writes report is dropped (`_quiet_orbax`).
 
 Checksums (`fingerprint`): for every array, the sum of its bits as uint32 words and the sum of
 those words times odd position weights, both modulo 2^32, computed on device. Integer sums do
@@ -129,13 +129,16 @@ def checksums(state: Any) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _quiet_orbax():
+def _quiet_orbax(quiet_after_failure: bool = False):
   """Drops orbax's log records (it logs through absl's logger) for the block: a failed restore
-  is reported in one line by the checkpointer, not by orbax's tracebacks. When a restore fails,
-  the reads it abandoned complete later into the event loop orbax has closed, and tensorstore
-  prints each "Event loop is closed" error through `sys.excepthook`, from its own threads and
-  possibly before the failure reaches the caller: the filter of those errors is installed
-  before the restore starts (`_drop_loop_closed_errors`), for the rest of the process."""
+  or save is reported in one line by the checkpointer, not by orbax's tracebacks. When one
+  fails, the reads or writes it abandoned complete later into the event loop orbax has closed,
+  and tensorstore prints each "Event loop is closed" error through `sys.excepthook`, from its
+  own threads and possibly before the failure reaches the caller: the filter of those errors is
+  installed before the block starts (`_drop_loop_closed_errors`), for the rest of the process.
+  After a failure asyncio's reports of the abandoned futures are dropped too, and with
+  `quiet_after_failure` (a save: its abandoned writes go on failing until the process ends)
+  orbax's log records stay dropped."""
   _drop_loop_closed_errors()
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
@@ -144,9 +147,10 @@ def _quiet_orbax():
     yield
   except BaseException:
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    if not quiet_after_failure:
+      absl_logger.setLevel(level)
     raise
-  finally:
-    absl_logger.setLevel(level)
+  absl_logger.setLevel(level)
 
 
 def _drop_loop_closed_errors() -> None:
@@ -167,25 +171,6 @@ def _loop_closed(error: BaseException | None) -> bool:
 def _except_unless_loop_closed(hook, kind, error, tb) -> None:
   if not _loop_closed(error):
     hook(kind, error, tb)
-
-
-@contextlib.contextmanager
-def _quiet_save():
-  """A failed save is reported by its exception alone. While it runs, orbax's log records are
-  dropped (absl's logger); the "Event loop is closed" errors of tensorstore's completions into
-  event loops that orbax has closed (writes that a failing save abandoned) are dropped from its
-  start for the rest of the process (`_drop_loop_closed_errors`), and when it fails so are
-  asyncio's reports of the abandoned futures: those writes go on failing until it ends."""
-  _drop_loop_closed_errors()
-  absl_logger = logging.getLogger("absl")
-  level = absl_logger.level
-  absl_logger.setLevel(logging.CRITICAL)
-  try:
-    yield
-  except BaseException:
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    raise
-  absl_logger.setLevel(level)
 
 
 def _unless_loop_closed(hook, unraisable) -> None:
@@ -320,7 +305,7 @@ class Checkpointer:
           f"so it was not saved; rerun with a lower --config.learning_rate (or "
           f"--config.grad_clip): {since}.")
     data_state = {**data_state, CHECKSUMS: {**checksums(state), "data": data_digest(data_state)}}
-    with _quiet_save():
+    with _quiet_orbax(quiet_after_failure=True):
       self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
       self.manager.wait_until_finished()
