@@ -5,6 +5,7 @@ the time and memory plots."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 # What each group's first impl should show (the issue's targets); checked when measured.
@@ -231,3 +232,84 @@ def plot(header: dict, records: list, impls_order: list, out_dir: str) -> list:
 
 # ------------------------------------------------------------------------------------------------
 # CLI
+#
+# The runs behind the docs' plots are kept as their Markdown reports (docs/benchmarks.md,
+# docs/performer.md, docs/sparse_attention.md: `render_markdown`'s output, unedited); their raw
+# JSON lines stay in the git-ignored benchmarks/results/. `records_from_markdown` reads a report
+# back (the floor as FLOPs at the run's matmul rate), so the plots are drawn again from the docs:
+#
+#   .venv-bench/bin/python benchmarks/attention_report.py docs/benchmarks.md docs/performer.md \
+#       docs/sparse_attention.md --out docs
+
+_RUN = re.compile(r"^Run (\S+) on (.+?) \((\d+) cores, ([\d.]+) GiB\), (.*)\.$")
+_RATE = re.compile(r"^float32 matmul rate measured in this run: (\d+) GFLOP/s")
+_GROUP = re.compile(r"^#+ Group `(\w+)` \(batch (\d+), (\d+) heads, head_dim (\d+)\)$")
+_IMPL = re.compile(r"^- `(\w+)`: (.*)$")
+
+
+def records_from_markdown(text: str) -> tuple[dict, list, list]:
+  """(header, records, impl order) of the one run a report holds (ValueError without one)."""
+  header, records, order = {}, [], []
+  group = mode = None
+  for line in text.splitlines():
+    line = line.strip()
+    if m := _RUN.match(line):
+      if header:
+        raise ValueError("more than one run in the text")
+      header = {"date": m.group(1), "machine": {"cpu": m.group(2), "cores": int(m.group(3)),
+                                                "mem_gib": float(m.group(4))}}
+    elif m := _RATE.match(line):
+      header["matmul"] = {"flops_per_s": float(m.group(1)) * 1e9}
+    elif line.startswith("Command: `") and header:
+      header["command"] = line[len("Command: `"):-1]
+    elif m := _GROUP.match(line):
+      group, mode = dict(group=m.group(1), batch=int(m.group(2)), heads=int(m.group(3)),
+                         head_dim=int(m.group(4))), None
+    elif group and (m := _IMPL.match(line)) and m.group(1) not in order:
+      order.append(m.group(1))
+      group.setdefault("notes", {})[m.group(1)] = m.group(2)
+    elif group and line in (f"**{x}**" for x in MODES):
+      mode = line[2:-2]
+    elif group and mode and line.startswith("| ") and not line.startswith("| n |"):
+      cells = [c.strip() for c in line.strip("|").split("|")]
+      base = dict(group=group["group"], impl=cells[1], mode=mode, n=int(cells[0]),
+                  batch=group["batch"], heads=group["heads"], head_dim=group["head_dim"],
+                  note=group["notes"].get(cells[1], ""))
+      if ":" in cells[2] and not cells[3]:   # `status: detail`
+        status, _, detail = cells[2].partition(": ")
+        records.append(dict(base, status=status, detail=detail))
+        continue
+      ms = lambda c: float(c) / 1e3 if c not in ("", "-") else None
+      rate = header.get("matmul", {}).get("flops_per_s")
+      floor = ms(cells[4])
+      records.append(dict(base, status="ok", median_s=ms(cells[2]), min_s=ms(cells[3]),
+                          flops_fwd=floor * rate / BWD_FACTOR[mode] if floor and rate else None,
+                          peak_rss_mb=float(cells[6]),
+                          rss_increase_mb=float(cells[7]) if cells[7] != "-" else None,
+                          build_s=float(cells[8])))
+    elif line.startswith(("Key ratios", "Targets", "## ")):
+      mode = None
+  if not header or not records:
+    raise ValueError("no run report in the text")
+  return header, records, order
+
+
+def main(argv=None) -> int:
+  import argparse
+  parser = argparse.ArgumentParser(description="Draw the attention plots again from the "
+                                   "Markdown reports in the docs.")
+  parser.add_argument("docs", nargs="+", help="Markdown files, each holding one run's report")
+  parser.add_argument("--out", default="docs", help="folder for <group>_attention.png")
+  args = parser.parse_args(argv)
+  for doc in args.docs:
+    with open(doc) as f:
+      header, records, order = records_from_markdown(f.read())
+    paths = plot(header, records, order, args.out)
+    if not paths:
+      return 1
+    print(f"{doc}: {', '.join(paths)}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
