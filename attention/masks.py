@@ -122,12 +122,6 @@ def longformer_mask(length: int, *, window: int, dilation=1, causal: bool = Fals
 # ----------------------------------------------------------------------------------------------
 
 
-def _positive_int(name: str, value) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"{name} must be a positive int, got {value!r}.")
-  return int(value)
-
-
 def _non_negative_int(name: str, value) -> int:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
     raise ValueError(f"{name} must be a non-negative int, got {value!r}.")
@@ -140,14 +134,14 @@ def block_layout_mask(layout, block_size: int, length: int) -> np.ndarray:
   Query i may attend key j when `layout[..., i // block_size, j // block_size]`.
   """
   layout = np.asarray(layout, bool)
-  block_size = _positive_int("block_size", block_size)
+  block_size = validation.positive_int("block_size", block_size)
   blocks = np.arange(length) // block_size
   return layout[..., blocks[:, None], blocks[None, :]]
 
 
 def block_local_mask(length: int, *, block_size: int, causal: bool = False) -> np.ndarray:
   """[L, L] bool: contiguous-block local attention, i // block_size == j // block_size."""
-  block_size = _positive_int("block_size", block_size)
+  block_size = validation.positive_int("block_size", block_size)
   blocks = np.arange(length) // block_size
   mask = blocks[:, None] == blocks[None, :]
   return mask & causal_mask(length) if causal else mask
@@ -155,7 +149,7 @@ def block_local_mask(length: int, *, block_size: int, causal: bool = False) -> n
 
 def strided_mask(length: int, *, stride: int, causal: bool = False) -> np.ndarray:
   """[L, L] bool: the Sparse Transformer strided pattern, |i - j| < stride or stride | (i - j)."""
-  stride = _positive_int("stride", stride)
+  stride = validation.positive_int("stride", stride)
   rel = np.arange(length)[:, None] - np.arange(length)[None, :]  # [L, L], i - j
   mask = (np.abs(rel) < stride) | (rel % stride == 0)
   return mask & (rel >= 0) if causal else mask
@@ -168,15 +162,15 @@ def fixed_summary_offsets(*, stride: int, summary_width: int, num_heads: int,
   Head h reads the summary columns j with `lo_h <= j mod stride < lo_h + summary_width`,
   lo_h = stride - (v + 1) * summary_width, v = h mod num_summary_offsets.
   """
-  stride = _positive_int("stride", stride)
-  width = _positive_int("summary_width", summary_width)
-  num_heads = _positive_int("num_heads", num_heads)
+  stride = validation.positive_int("stride", stride)
+  width = validation.positive_int("summary_width", summary_width)
+  num_heads = validation.positive_int("num_heads", num_heads)
   if width > stride:
     raise ValueError(
         f"summary_width {width} is larger than the stride {stride}: the summary columns are a "
         f"sub-block of each stride group, so pass summary_width <= stride.")
   most = stride // width
-  variants = most if num_summary_offsets is None else _positive_int(
+  variants = most if num_summary_offsets is None else validation.positive_int(
       "num_summary_offsets", num_summary_offsets)
   if variants > most:
     raise ValueError(
@@ -264,7 +258,7 @@ def bigbird_random_blocks(num_blocks: int, *, num_global_blocks: int, num_random
   r = _non_negative_int("num_random_blocks", num_random_blocks)
   if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
     raise ValueError(f"seed must be an int (it fixes the random blocks), got {seed!r}.")
-  num_heads = _positive_int("num_heads", num_heads)
+  num_heads = validation.positive_int("num_heads", num_heads)
   glob = set(bigbird_global_blocks(num_blocks, num_global_blocks))
   rng = np.random.default_rng(int(seed))
   out = np.full((num_heads, num_blocks, r), -1, np.int64)
@@ -299,7 +293,7 @@ def bigbird_block_pattern(num_blocks: int, *, num_global_blocks: int, num_random
 def bigbird_mask(length: int, *, block_size: int, num_global_blocks: int,
                  num_random_blocks: int, seed: int, num_heads: int = 1) -> np.ndarray:
   """bool `[H, L, L]`: the BigBird ITC pattern on tokens (the last block may be partial)."""
-  block_size = _positive_int("block_size", block_size)
+  block_size = validation.positive_int("block_size", block_size)
   num_blocks = -(-length // block_size)
   layout = bigbird_block_pattern(num_blocks, num_global_blocks=num_global_blocks,
                                  num_random_blocks=num_random_blocks, seed=seed,
@@ -390,7 +384,7 @@ def mpnet_masks(num_tokens: int, num_predicted: int) -> tuple[np.ndarray, np.nda
   The content stream is (x_{z<=c}, M_{z>c}, x_{z>c}): n - b tokens, b mask tokens, b predicted
   tokens, n + b entries. Returns (content `[n+b, n+b]`, query `[b, n+b]`).
   """
-  n = _positive_int("num_tokens", num_tokens)
+  n = validation.positive_int("num_tokens", num_tokens)
   b = _non_negative_int("num_predicted", num_predicted)
   if b > n:
     raise ValueError(f"num_predicted {b} exceeds num_tokens {n}.")

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention import masks, splash_masks, validation
+from attention import splash_masks, validation
 from attention import pallas_block_sparse_kernel as kernel
 from attention.block_sparse import check_layout
 from attention.splash_masks import Pattern
@@ -58,12 +58,6 @@ DEFAULT_BLOCK = 64
 
 def _pow2(x: int) -> int:
   return 1 << max(0, int(x) - 1).bit_length()
-
-
-def _positive_int(name: str, value) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"{name} must be a positive int, got {value!r}.")
-  return int(value)
 
 
 def _block(name: str, value) -> int:
@@ -174,12 +168,6 @@ def _run(q, k, v, key_mask, patterns, interpret, block_q, block_k) -> jax.Array:
                  block_k=_block("block_k", block_k), interpret=bool(interpret))
 
 
-def _self_inputs(q, k, v, key_mask) -> tuple[int, int, int]:
-  b_, length, _, h, _ = validation.check_qkv(q, k, v, same_length=True)
-  validation.check_token_mask("key_mask", key_mask, b_, length)
-  return b_, length, h
-
-
 # --- The kinds. ---
 
 def block_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
@@ -188,9 +176,8 @@ def block_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_siz
                           block_k: int | None = None) -> jax.Array:
   """Contiguous-block local attention (`masks.block_local_mask`) on the Pallas kernel;
   arguments as `attention.sparse_patterns.block_local_attention`."""
-  _, _, h = _self_inputs(q, k, v, key_mask)
-  size = _positive_int("block_size", block_size)
-  return _run(q, k, v, key_mask, (splash_masks.BlockLocalPattern(size, bool(causal)),) * h,
+  _, _, h = validation.check_self_qkv(q, k, v, key_mask)
+  return _run(q, k, v, key_mask, splash_masks.block_local_patterns(block_size, causal, h),
               interpret, block_q, block_k)
 
 
@@ -203,34 +190,10 @@ def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, 
   `attention.sparse_patterns.sparse_attention` (`block_size`, the xla compute block, is checked
   and ignored). Equal to `dot_product_attention` with `masks.strided_mask` /
   `masks.fixed_mask(..., num_heads=H)`."""
-  _, _, h = _self_inputs(q, k, v, key_mask)
-  if pattern not in ("strided", "fixed"):
-    raise ValueError(f"unknown sparse pattern {pattern!r}; valid patterns: strided, fixed.")
-  stride = _positive_int("stride", stride)
-  if block_size is not None:
-    _positive_int("block_size", block_size)
-  if pattern == "strided":
-    if summary_width is not None or num_summary_offsets is not None:
-      raise ValueError("summary_width and num_summary_offsets apply to pattern='fixed' only.")
-    patterns = (splash_masks.StridedPattern(stride, bool(causal)),) * h
-  else:
-    width = max(1, stride // 8) if summary_width is None else _positive_int(
-        "summary_width", summary_width)
-    offsets = masks.fixed_summary_offsets(stride=stride, summary_width=width, num_heads=h,
-                                          num_summary_offsets=num_summary_offsets)
-    patterns = tuple(splash_masks.FixedPattern(stride, width, lo, bool(causal))
-                     for lo in offsets)
+  _, _, h = validation.check_self_qkv(q, k, v, key_mask)
+  patterns = splash_masks.sparse_patterns(pattern, stride, summary_width, num_summary_offsets,
+                                          block_size, causal, h)
   return _run(q, k, v, key_mask, patterns, interpret, block_q, block_k)
-
-
-@functools.lru_cache(maxsize=32)
-def _bigbird_patterns(num_blocks: int, block: int, num_global_blocks: int,
-                      num_random_blocks: int, seed: int,
-                      num_heads: int) -> tuple[splash_masks.LayoutPattern, ...]:
-  layout = masks.bigbird_block_pattern(num_blocks, num_global_blocks=num_global_blocks,
-                                       num_random_blocks=num_random_blocks, seed=seed,
-                                       num_heads=num_heads)
-  return splash_masks.layout_patterns(layout, block, causal=False)
 
 
 def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
@@ -240,12 +203,9 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: i
   """BigBird ITC attention on the Pallas kernel, per-head random blocks; arguments as
   `attention.sparse_patterns.bigbird_attention`. Equal to `dot_product_attention` with
   `masks.bigbird_mask(..., num_heads=H)`."""
-  _, length, h = _self_inputs(q, k, v, key_mask)
-  block = _positive_int("block_size", block_size)
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-    raise ValueError(f"seed must be an int (it fixes the random blocks), got {seed!r}.")
-  patterns = _bigbird_patterns(-(-length // block), block, num_global_blocks,
-                               num_random_blocks, int(seed), h)
+  _, length, h = validation.check_self_qkv(q, k, v, key_mask)
+  patterns = splash_masks.bigbird_patterns(length, block_size, num_global_blocks,
+                                           num_random_blocks, seed, h)
   return _run(q, k, v, key_mask, patterns, interpret, block_q, block_k)
 
 
@@ -257,8 +217,8 @@ def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, layout: 
   `attention.block_sparse.block_sparse_attention`. Equal to `dot_product_attention` with
   `masks.block_layout_mask(layout, block_size, L)` (and causal, key_mask); a query with no
   allowed real key outputs 0."""
-  _, length, h = _self_inputs(q, k, v, key_mask)
-  block = _positive_int("block_size", block_size)
+  _, length, h = validation.check_self_qkv(q, k, v, key_mask)
+  block = validation.positive_int("block_size", block_size)
   layout = check_layout(layout, num_blocks=-(-length // block), num_heads=h, length=length,
                         block_size=block)
   per_head = np.broadcast_to(layout, (h,) + layout.shape[-2:])

@@ -37,12 +37,6 @@ from attention.static_take import static_take
 PATTERNS = ("strided", "fixed")
 
 
-def _positive_int(name: str, value: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"{name} must be a positive int, got {value!r}.")
-  return int(value)
-
-
 def default_block_size(stride: int) -> int:
   """The largest divisor of `stride` that is at most 128 (the compute block of the patterns)."""
   return max(d for d in range(1, min(stride, 128) + 1) if stride % d == 0)
@@ -51,7 +45,7 @@ def default_block_size(stride: int) -> int:
 def _check_block(stride: int, block_size: int | None) -> int:
   if block_size is None:
     return default_block_size(stride)
-  block_size = _positive_int("block_size", block_size)
+  block_size = validation.positive_int("block_size", block_size)
   if stride % block_size:
     divisors = [d for d in range(1, min(stride, 128) + 1) if stride % d == 0][-4:]
     raise ValueError(
@@ -213,7 +207,7 @@ def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, 
   validation.check_token_mask("key_mask", key_mask, b_, length)
   if pattern not in PATTERNS:
     raise ValueError(f"unknown sparse pattern {pattern!r}; valid patterns: {', '.join(PATTERNS)}.")
-  stride = _positive_int("stride", stride)
+  stride = validation.positive_int("stride", stride)
   block = _check_block(stride, block_size)
   if pattern == "strided":
     if summary_width is not None or num_summary_offsets is not None:
@@ -227,7 +221,7 @@ def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, 
                         q_pos=pos, k_pos=pos, batch_heads=b_ * h)
     return _run(q, k, v, key_mask, plans=(("local", local), ("class", classes)),
                 pattern=pattern, stride=stride)
-  width = max(1, stride // 8) if summary_width is None else _positive_int(
+  width = max(1, stride // 8) if summary_width is None else validation.positive_int(
       "summary_width", summary_width)
   offsets = masks.fixed_summary_offsets(stride=stride, summary_width=width, num_heads=h,
                                         num_summary_offsets=num_summary_offsets)
@@ -252,7 +246,7 @@ def block_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_siz
   `masks.block_local_mask(...)`."""
   b_, length, _, h, _ = validation.check_qkv(q, k, v, same_length=True)
   validation.check_token_mask("key_mask", key_mask, b_, length)
-  size = _positive_int("block_size", block_size)
+  size = validation.positive_int("block_size", block_size)
   block = default_block_size(size)
   nb = -(-length // size) * (size // block)
   plan = make_plan(block_local_layout(nb, group=size // block, causal=causal), q_block=block,
@@ -281,7 +275,7 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: i
   """
   b_, length, _, h, _ = validation.check_qkv(q, k, v, same_length=True)
   validation.check_token_mask("key_mask", key_mask, b_, length)
-  block = _positive_int("block_size", block_size)
+  block = validation.positive_int("block_size", block_size)
   layout = bigbird_layout(length, block_size=block, num_global_blocks=num_global_blocks,
                           num_random_blocks=num_random_blocks, seed=seed, num_heads=h)
   layout = check_layout(layout, num_blocks=-(-length // block), num_heads=h, length=length,

@@ -43,7 +43,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_mask_info as _splash_info)
 
-from attention import compat, masks, splash_masks, validation
+from attention import compat, splash_masks, validation
 from attention.dot_product import masked_softmax_stats
 from attention.splash_masks import Pattern
 
@@ -51,16 +51,10 @@ LANES = 128
 DEFAULT_BLOCK = 128
 
 
-def _positive_int(name: str, value: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"{name} must be a positive int, got {value!r}.")
-  return int(value)
-
-
 def _tiles(block_q: int | None, block_kv: int | None) -> tuple[int, int]:
   out = []
   for name, value in (("block_q", block_q), ("block_kv", block_kv)):
-    value = DEFAULT_BLOCK if value is None else _positive_int(name, value)
+    value = DEFAULT_BLOCK if value is None else validation.positive_int(name, value)
     if value % LANES:
       raise ValueError(f"{name} must be a multiple of {LANES} (the kernel's lane width), got "
                        f"{value}; pass {LANES * max(1, round(value / LANES))}.")
@@ -140,12 +134,6 @@ def _finish(out: jax.Array, keep: jax.Array | None, dtype) -> jax.Array:
   return out.astype(dtype)
 
 
-def _self_inputs(q, k, v, key_mask) -> tuple[int, int, int]:
-  b_, length, _, h, _ = validation.check_qkv(q, k, v, same_length=True)
-  validation.check_token_mask("key_mask", key_mask, b_, length)
-  return b_, length, h
-
-
 def _real(key_mask: jax.Array | None, b_: int, length: int) -> jax.Array:
   return jnp.ones((b_, length), bool) if key_mask is None else jnp.asarray(key_mask, bool)
 
@@ -217,12 +205,12 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
   Raises ValueError for `causal=True` with a `global_mask` (not exact on this kernel: use the
   xla backend). Equal to `dot_product_attention` with `masks.longformer_mask(...)`.
   """
-  b_, length, h = _self_inputs(q, k, v, key_mask)
+  b_, length, h = validation.check_self_qkv(q, k, v, key_mask)
   window = validation.check_window(window)
   dilations = validation.head_dilations(dilation, h)
   validation.check_token_mask("global_mask", global_mask, b_, length)
   if block_size is not None:
-    _positive_int("block_size", block_size)
+    validation.positive_int("block_size", block_size)
   bq, bkv = _tiles(block_q, block_kv)
   num_global = 0
   if global_mask is not None:
@@ -233,7 +221,7 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
     traced = compat.is_tracer(global_mask)
     counts = None if traced else np.asarray(global_mask).sum(axis=1)
     if max_global is not None:
-      num_global = _positive_int("max_global", max_global) if max_global else 0
+      num_global = validation.positive_int("max_global", max_global) if max_global else 0
       if counts is not None and counts.size and counts.max() > num_global:
         raise ValueError(f"global_mask has {int(counts.max())} global tokens in a row but "
                          f"max_global is {num_global}: raise max_global.")
@@ -289,10 +277,9 @@ def block_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_siz
                           interpret: bool | None = None, block_q: int | None = None,
                           block_kv: int | None = None) -> jax.Array:
   """Contiguous-block local attention on the splash kernel (`masks.block_local_mask`)."""
-  _, _, h = _self_inputs(q, k, v, key_mask)
-  size = _positive_int("block_size", block_size)
+  _, _, h = validation.check_self_qkv(q, k, v, key_mask)
+  patterns = splash_masks.block_local_patterns(block_size, causal, h)
   bq, bkv = _tiles(block_q, block_kv)
-  patterns = (splash_masks.BlockLocalPattern(size, bool(causal)),) * h
   return _patterned(q, k, v, key_mask, None, patterns=patterns, bq=bq, bkv=bkv,
                     interpret=_interpret(interpret))
 
@@ -306,36 +293,12 @@ def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, 
   `attention.sparse_patterns.sparse_attention` (`block_size` is checked and ignored).
   Equal to `dot_product_attention` with `masks.strided_mask` / `masks.fixed_mask(...,
   num_heads=H)`."""
-  _, _, h = _self_inputs(q, k, v, key_mask)
-  if pattern not in ("strided", "fixed"):
-    raise ValueError(f"unknown sparse pattern {pattern!r}; valid patterns: strided, fixed.")
-  stride = _positive_int("stride", stride)
-  if block_size is not None:
-    _positive_int("block_size", block_size)
+  _, _, h = validation.check_self_qkv(q, k, v, key_mask)
+  patterns = splash_masks.sparse_patterns(pattern, stride, summary_width, num_summary_offsets,
+                                          block_size, causal, h)
   bq, bkv = _tiles(block_q, block_kv)
-  if pattern == "strided":
-    if summary_width is not None or num_summary_offsets is not None:
-      raise ValueError("summary_width and num_summary_offsets apply to pattern='fixed' only.")
-    patterns = (splash_masks.StridedPattern(stride, bool(causal)),) * h
-  else:
-    width = max(1, stride // 8) if summary_width is None else _positive_int(
-        "summary_width", summary_width)
-    offsets = masks.fixed_summary_offsets(stride=stride, summary_width=width, num_heads=h,
-                                          num_summary_offsets=num_summary_offsets)
-    patterns = tuple(splash_masks.FixedPattern(stride, width, lo, bool(causal))
-                     for lo in offsets)
   return _patterned(q, k, v, key_mask, None, patterns=patterns, bq=bq, bkv=bkv,
                     interpret=_interpret(interpret))
-
-
-@functools.lru_cache(maxsize=32)
-def _bigbird_patterns(num_blocks: int, block: int, num_global_blocks: int,
-                      num_random_blocks: int, seed: int,
-                      num_heads: int) -> tuple[splash_masks.LayoutPattern, ...]:
-  layout = masks.bigbird_block_pattern(num_blocks, num_global_blocks=num_global_blocks,
-                                       num_random_blocks=num_random_blocks, seed=seed,
-                                       num_heads=num_heads)
-  return splash_masks.layout_patterns(layout, block, causal=False)
 
 
 def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
@@ -345,13 +308,10 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: i
   """BigBird ITC attention on the splash kernel; arguments as
   `attention.sparse_patterns.bigbird_attention`. Equal to `dot_product_attention` with
   `masks.bigbird_mask(..., num_heads=H)`."""
-  _, length, h = _self_inputs(q, k, v, key_mask)
-  block = _positive_int("block_size", block_size)
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-    raise ValueError(f"seed must be an int (it fixes the random blocks), got {seed!r}.")
+  _, length, h = validation.check_self_qkv(q, k, v, key_mask)
+  patterns = splash_masks.bigbird_patterns(length, block_size, num_global_blocks,
+                                           num_random_blocks, seed, h)
   bq, bkv = _tiles(block_q, block_kv)
-  patterns = _bigbird_patterns(-(-length // block), block, num_global_blocks,
-                               num_random_blocks, int(seed), h)
   return _patterned(q, k, v, key_mask, None, patterns=patterns, bq=bq, bkv=bkv,
                     interpret=_interpret(interpret))
 
@@ -380,8 +340,8 @@ def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, layout: 
   `attention.block_sparse.block_sparse_attention`. Equal to `dot_product_attention` with
   `masks.block_layout_mask(layout, block_size, L)` (and causal, key_mask); a query with no
   allowed real key outputs 0."""
-  b_, length, h = _self_inputs(q, k, v, key_mask)
-  block = _positive_int("block_size", block_size)
+  b_, length, h = validation.check_self_qkv(q, k, v, key_mask)
+  block = validation.positive_int("block_size", block_size)
   if isinstance(layout, jax.Array):
     raise ValueError("layout must be a static numpy bool array (it decides which blocks are "
                      "computed), got a jax array; pass np.asarray(layout).")

@@ -32,6 +32,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from attention import masks, validation
+
 EMPTY, FULL = -1, -2
 _OFF = 1 << 32   # shifts a diagonal offset (|offset| < 2^32) to a non-negative key
 
@@ -219,6 +221,57 @@ def layout_patterns(layout: np.ndarray, block: int, causal: bool) -> tuple[Layou
   """One `LayoutPattern` per head of a bool `[H, nb, nb]` layout."""
   layout = np.ascontiguousarray(layout, bool)
   return tuple(LayoutPattern(x.tobytes(), x.shape[0], int(block), bool(causal)) for x in layout)
+
+
+# --- Each kind's patterns from its arguments (shared by the splash and Pallas fronts). ---
+
+def block_local_patterns(block_size: int, causal: bool, num_heads: int
+                         ) -> tuple[BlockLocalPattern, ...]:
+  """Contiguous-block local attention (`masks.block_local_mask`), every head alike."""
+  return (BlockLocalPattern(validation.positive_int("block_size", block_size), bool(causal)),) * num_heads
+
+
+def sparse_patterns(pattern: str, stride: int, summary_width: int | None,
+                    num_summary_offsets: int | None, block_size: int | None, causal: bool,
+                    num_heads: int) -> tuple[Pattern, ...]:
+  """Sparse Transformer strided or fixed heads, with the arguments of
+  `attention.sparse_patterns.sparse_attention` checked (`block_size`, the xla path's compute
+  block, is checked and not used)."""
+  if pattern not in ("strided", "fixed"):
+    raise ValueError(f"unknown sparse pattern {pattern!r}; valid patterns: strided, fixed.")
+  stride = validation.positive_int("stride", stride)
+  if block_size is not None:
+    validation.positive_int("block_size", block_size)
+  if pattern == "strided":
+    if summary_width is not None or num_summary_offsets is not None:
+      raise ValueError("summary_width and num_summary_offsets apply to pattern='fixed' only.")
+    return (StridedPattern(stride, bool(causal)),) * num_heads
+  width = max(1, stride // 8) if summary_width is None else validation.positive_int(
+      "summary_width", summary_width)
+  offsets = masks.fixed_summary_offsets(stride=stride, summary_width=width, num_heads=num_heads,
+                                        num_summary_offsets=num_summary_offsets)
+  return tuple(FixedPattern(stride, width, lo, bool(causal)) for lo in offsets)
+
+
+def bigbird_patterns(length: int, block_size: int, num_global_blocks: int,
+                     num_random_blocks: int, seed: int, num_heads: int
+                     ) -> tuple[LayoutPattern, ...]:
+  """BigBird's ITC layout (`masks.bigbird_block_pattern`, random blocks per head) as patterns."""
+  block = validation.positive_int("block_size", block_size)
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    raise ValueError(f"seed must be an int (it fixes the random blocks), got {seed!r}.")
+  return _bigbird_patterns(-(-length // block), block, num_global_blocks, num_random_blocks,
+                           int(seed), num_heads)
+
+
+@functools.lru_cache(maxsize=32)
+def _bigbird_patterns(num_blocks: int, block: int, num_global_blocks: int,
+                      num_random_blocks: int, seed: int,
+                      num_heads: int) -> tuple[LayoutPattern, ...]:
+  layout = masks.bigbird_block_pattern(num_blocks, num_global_blocks=num_global_blocks,
+                                       num_random_blocks=num_random_blocks, seed=seed,
+                                       num_heads=num_heads)
+  return layout_patterns(layout, block, causal=False)
 
 
 class MaskInfo(NamedTuple):

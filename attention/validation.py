@@ -49,6 +49,22 @@ def check_token_mask(name: str, mask: ArrayLike | None, batch: int, length: int)
     raise ValueError(f"{name} must be boolean (True = real token), got dtype {dtype}.")
 
 
+def positive_int(name: str, value) -> int:
+  """`value` as an int, or ValueError naming `name` when it is not a positive int."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f"{name} must be a positive int, got {value!r}.")
+  return int(value)
+
+
+def check_self_qkv(q: jax.Array, k: jax.Array, v: jax.Array,
+                   key_mask: ArrayLike | None) -> tuple[int, int, int]:
+  """Checks self-attention inputs (q, k and v of one length) and their key mask; returns
+  (batch, length, heads)."""
+  batch, length, _, heads, _ = check_qkv(q, k, v, same_length=True)
+  check_token_mask("key_mask", key_mask, batch, length)
+  return batch, length, heads
+
+
 def token_masks(key_mask: jax.Array | None, query_mask: jax.Array | None, batch: int,
                 q_length: int, k_length: int) -> jax.Array | None:
   """Checks `key_mask [B, Lk]` and `query_mask [B, Lq]`; returns the query mask to apply.
