@@ -25,7 +25,8 @@ def test_list_shows_tasks_and_every_attention_kind(capsys):
 
 def test_unknown_task_and_attention_are_errors_with_the_valid_names(capsys):
   assert cli.main(["run", "listop"]) == 2
-  assert "valid tasks: enwik8, image, listops, mqar, pathfinder" in capsys.readouterr().err
+  assert ("valid tasks: enwik8, image, listops, mqar, needle, pathfinder"
+          in capsys.readouterr().err)
   assert cli.main(["run", "listops", "--attention", "flashy"]) == 2
   assert "valid names: " in capsys.readouterr().err
 
@@ -81,7 +82,7 @@ def test_data_status_and_prepare(tmp_path, monkeypatch, capsys):
   assert f"data root: {tmp_path}" in out and "\nsizes: small\n" in out   # the size checked
   lines = {line.split()[0]: line for line in out.splitlines()[2:]}
   assert set(lines) == {"listops", "text", "retrieval", "image", "pathfinder", "pathx",
-                        "enwik8", "text8", "sort_marked", "mqar"}
+                        "enwik8", "text8", "sort_marked", "mqar", "needle"}
   assert "missing" in lines["listops"] and "generator" in lines["listops"]
   assert cli.main(["data", "prepare", "listops", "--size", "small", *overrides]) == 0
   assert "listops: dataset ready in " + str(tmp_path / "listops") in capsys.readouterr().out

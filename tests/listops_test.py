@@ -265,7 +265,7 @@ def test_task_registry():
   task = tasks.get_task("listops")
   assert task is listops_task.TASK and isinstance(task, ClassificationTask)
   assert set(tasks.TASKS) == {"listops", "text", "retrieval", "image", "pathfinder", "pathx",
-                              "enwik8", "text8", "sort_marked", "mqar"}
+                              "enwik8", "text8", "sort_marked", "mqar", "needle"}
   assert (task.name, task.num_classes, task.vocab_size) == ("listops", 10, 17)
   cfg = listops_config.data_config()
   for key in ("data_dir", "max_length", "generate", "num_train", "num_val", "num_test",

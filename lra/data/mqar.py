@@ -65,7 +65,7 @@ class MQARBuilder(builders.Builder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self, description=sys.modules[__name__].__doc__,
+        builder=self, description=sys.modules[type(self).__module__].__doc__,
         features=tfds.features.FeaturesDict({"inputs": _token_feature(),
                                              "targets": _token_feature()}),
         disable_shuffling=True)

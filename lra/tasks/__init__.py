@@ -22,6 +22,7 @@ TASKS = {
     "text8": "lra.tasks.charlm:TEXT8",
     "sort_marked": "lra.tasks.sort_marked:TASK",
     "mqar": "lra.tasks.mqar:TASK",
+    "needle": "lra.tasks.needle:TASK",
 }
 
 

@@ -1,0 +1,144 @@
+"""Needle retrieval: the value of the one key-value pair at distance d before a final query of
+its key, read at the query position; causal or bidirectional, with or without a global query.
+
+The data (the tfds dataset and the model's examples, MQAR's format) is `lra.data.needle`, the
+generator `lra.data.needle_generator`. `config.model.variant` picks the model:
+- `causal`: the character LM's causal `models.LanguageModel`, as MQAR's task (`lra.tasks.mqar`):
+  the query position's output, through the tied embedding, predicts the next token, the value.
+  Only kinds that can be causal (their `lra list` record) run it;
+- `bidirectional`: the LRA encoder classifier `models.Classifier`, whose Dense -> ReLU -> Dense
+  head reads the encoder output at the query position (not a pooled output: `model.pool` must
+  be `mean`, so no CLS token is prepended), over the same ids as the causal variant. Every kind
+  runs it, BigBird and Linformer included.
+Loss and accuracy count the query position only (the mask), so the accuracy is the fraction of
+needles retrieved; the best checkpoint is the one with the highest validation accuracy.
+
+`config.model.global_query` makes the query position a global token of every band layer: band
+attention's own `global_mask` (`attention.band.band_attention`: a global token attends to every
+real key, causal pairs only under `causal`, and every query attends to it), the mechanism LED's
+encoder uses for its first tokens (`models.seq2seq.GlobalBandAttention`), here on the last real
+position instead of the first (`QueryGlobalBandAttention`). Other kinds' layers are unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import models
+from attention import backends, rotary
+from lra.data import needle as data
+from lra.tasks.base import example_weights, weighted_sums
+from lra.tasks.language_model import LanguageModelTask
+from models import sequence
+from models.attention_layer import split_spec
+from models.seq2seq import GlobalBandAttention
+from models.settings import ModelSettings
+
+NAME = data.NAME
+MAX_VOCAB = 8192          # the largest data.vocab_size; ids are tokens + 1
+VARIANTS = ("causal", "bidirectional")
+
+
+def query_position(key_mask: jax.Array) -> jax.Array:
+  """`[B, L]` bool -> `[B, L]` bool: the last real position of each row (the query)."""
+  last = jnp.sum(key_mask, axis=1, keepdims=True) - 1                      # [B, 1]
+  return key_mask & (jnp.arange(key_mask.shape[1])[None, :] == last)
+
+
+class QueryGlobalBandAttention(GlobalBandAttention):
+  """Band self-attention with the query (the last real token of each row) global; rotary
+  positions and causal attention as `MultiHeadAttention` applies them."""
+
+  def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
+    del rng  # band attention draws nothing
+    if sequence.devices() > 1:
+      raise ValueError("a global query token needs the whole sequence on each device: use "
+                       "config.mesh.sequence=1.")
+    b, length, _ = x.shape
+    proj = lambda w: jnp.einsum("ble,ehd->blhd", x, w[...].astype(x.dtype))  # [B, L, H, Dh]
+    q, k, v = proj(self.query), proj(self.key), proj(self.value)
+    if self.pos_kind == "rotary":
+      q, k = rotary.apply_rotary(q, self.rotary_base), rotary.apply_rotary(k, self.rotary_base)
+    if key_mask is None:
+      key_mask = jnp.ones((b, length), bool)
+    args = {**self.args, "max_global": max(self.args.get("max_global") or 0, 1)}
+    if self.causal:
+      args["causal"] = True
+    band = backends.function(self.kind, self.implementation)
+    out = band(q, k, v, key_mask=key_mask, global_mask=query_position(key_mask), **args)
+    return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))  # [B, L, E]
+
+
+def make_query_global(encoder: models.Encoder, cfg: Mapping[str, Any], *, causal: bool,
+                      rngs: nnx.Rngs) -> int:
+  """Replaces the attention of `encoder`'s band layers by `QueryGlobalBandAttention` (new
+  parameters); returns how many layers it replaced."""
+  s = ModelSettings.from_mapping(cfg)
+  replaced = 0
+  layers = [b for b in encoder.blocks if hasattr(b, "attention")]
+  for i, (block, spec) in enumerate(zip(layers, s.layer_specs())):
+    if split_spec(spec)[0] == "band":
+      block.attention = QueryGlobalBandAttention(
+          s.emb_dim, s.num_heads, s.qkv_dim, spec, max_length=s.max_length, causal=causal,
+          layer_index=i, positions=s.positions, num_global=1, rngs=rngs)
+      replaced += 1
+  return replaced
+
+
+@dataclasses.dataclass(frozen=True)
+class NeedleTask(LanguageModelTask):
+  """The value at the query position, by a causal LM or an encoder classifier."""
+
+  def build_model(self, model_cfg: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
+    variant = str(model_cfg.get("variant") or "causal")
+    if variant not in VARIANTS:
+      raise ValueError(f"config.model.variant = {variant!r}: must be one of "
+                       f"{', '.join(VARIANTS)}.")
+    causal = variant == "causal"
+    model = (models.LanguageModel if causal else models.Classifier)(model_cfg, rngs=rngs)
+    if model_cfg.get("global_query"):
+      make_query_global(model.encoder, model_cfg, causal=causal, rngs=rngs)
+    return model
+
+  def check_layers(self, kinds: Sequence[str]) -> None:
+    """Nothing here: the causal variant's kinds are checked by `configs/needle.py` (`check`),
+    which knows the variant, and by the causal model itself."""
+    del kinds
+
+  def objective(self, model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
+    x, _ = model.encoder(batch["inputs"], rng=rng)                         # [B, L, E]
+    index = jnp.argmax(batch["mask"], axis=1)                              # [B]: the query
+    h = jnp.take_along_axis(x, index[:, None, None], axis=1)               # [B, 1, E]
+    if isinstance(model, models.Classifier):
+      logits = model.head(jax.nn.relu(model.hidden(h)))[:, 0]              # [B, V]
+    else:
+      logits = model.encoder.embed.attend(h * (h.shape[-1] ** -0.5))[:, 0]  # [B, V]
+    targets = jnp.take_along_axis(batch["targets"], index[:, None], axis=1)[:, 0]
+    weights = example_weights(batch) * jnp.max(batch["mask"], axis=1).astype(jnp.float32)
+    return weighted_sums(logits.astype(jnp.float32), targets, weights)
+
+  def derived_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    del metrics
+    return {}
+
+  def better(self, metrics: Mapping[str, float], best: Mapping[str, Any]) -> bool:
+    return metrics["accuracy"] > best.get("accuracy", float("-inf"))
+
+  def result_fields(self, *, test_best, test_final, final_validation, best) -> dict[str, Any]:
+    del test_best, test_final, final_validation, best
+    return {}
+
+  def result_line(self, results: Mapping[str, Any], where: str) -> str:
+    return (f"test needle accuracy {results['test_accuracy']:.4f} (needles retrieved), best "
+            f"validation accuracy {results['best_validation_accuracy']:.4f} at step "
+            f"{results['best_validation_step']}; results in {where}")
+
+
+TASK = NeedleTask(name=NAME, vocab_size=MAX_VOCAB + data.OFFSET,
+                  num_classes=MAX_VOCAB + data.OFFSET, get_source=data.get_source,
+                  prepare=data.DATA.prepare, status=data.DATA.status)

@@ -1,0 +1,319 @@
+"""Tests for the needle task (lra/data/needle_generator.py, lra/data/needle.py,
+lra/tasks/needle.py, configs/needle.py).
+
+The generator is checked against its definition by `violations`, a checker written from the
+definition alone (the needle at distance d exactly, its key once before the query, filler
+disjoint from keys and values, the answer the paired value), on many draws; planted slips show
+the checker catches each kind of mistake. The independence of the value from the key and the
+distance is tested statistically, the global query against band attention's own definition
+(dense attention with the Longformer mask), and two steps of `lra run needle` of a tiny config
+end with finite losses for both variants.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import configs
+from attention import masks, rotary
+from launch import cli
+from lra.data import needle, needle_generator
+from lra.tasks import get_task
+from lra.tasks import needle as needle_task
+from lra.tasks.base import weighted_sums
+
+V, L, NK, NV = 40, 64, 8, 8
+DISTANCES = (2, 5, 31, 63)
+
+
+def violations(inputs, targets, distance, *, num_keys, num_values, vocab_size):
+  """What breaks the needle definition in one example drawn at `distance` (empty: nothing)."""
+  out = []
+  n = inputs.size
+  q = n - 1
+  is_key = inputs < num_keys
+  is_value = (inputs >= num_keys) & (inputs < num_keys + num_values)
+  if not is_key[q]:
+    out.append("the last token is not a key")
+  keys_before = np.flatnonzero(is_key[:q])
+  if keys_before.size != 1:
+    out.append(f"{keys_before.size} keys before the query, not 1")
+  elif inputs[keys_before[0]] != inputs[q]:
+    out.append("the key before the query is not the query's key")
+  elif q - keys_before[0] != distance:
+    out.append(f"the key is at distance {q - keys_before[0]}, not {distance}")
+  values = np.flatnonzero(is_value)
+  if values.size != 1:
+    out.append(f"{values.size} values, not 1")
+  elif values[0] != q - distance + 1:
+    out.append("the value does not follow the key")
+  elif targets[q] != inputs[values[0]]:
+    out.append("the answer is not the paired value")
+  if (targets[:q] != 0).any():
+    out.append("a scored position before the query")
+  if (inputs >= vocab_size).any():
+    out.append("a token outside the vocabulary")
+  filler = np.delete(inputs, [q, q - distance, q - distance + 1])
+  if (filler < num_keys + num_values).any():
+    out.append("a filler token among the keys or values")
+  return out
+
+
+def draw(num, seed=0, **kw):
+  settings = dict(vocab_size=V, seq_len=L, num_keys=NK, num_values=NV, distances=DISTANCES)
+  settings.update(kw)
+  return needle_generator.generate(num, seed=seed, **settings)
+
+
+@pytest.mark.parametrize("vocab_size, seq_len, num_keys, num_values, distances", [
+    (V, L, NK, NV, DISTANCES), (64, 256, 16, 16, tuple(range(64, 256))),
+    (1024, 1024, 128, 128, (512,)), (3, 3, 1, 1, (2,))])
+def test_every_example_follows_the_definition(vocab_size, seq_len, num_keys, num_values,
+                                              distances):
+  rows = needle_generator.generate(300, vocab_size=vocab_size, seq_len=seq_len,
+                                   num_keys=num_keys, num_values=num_values,
+                                   distances=distances, seed=1)
+  seen = set()
+  for inputs, targets in rows:
+    assert inputs.shape == targets.shape == (seq_len,)
+    d = needle_generator.distance_of(inputs)
+    seen.add(d)
+    assert d in distances
+    assert violations(inputs.astype(np.int64), targets.astype(np.int64), d,
+                      num_keys=num_keys, num_values=num_values, vocab_size=vocab_size) == []
+  assert len(seen) == min(len(distances), 300) or len(seen) > 150
+
+
+def _slips():
+  """(name, function of (inputs, targets, distance) that plants one mistake)."""
+  def key_one_further(x, y, d):
+    q = x.size - 1
+    x[q - d - 1], x[q - d] = x[q - d], x[q - d - 1]            # off by one: the key at d + 1
+
+  def key_twice(x, y, d):
+    x[3 if x.size - 1 - d != 3 else 4] = x[-1]                  # the key also in the filler
+
+  def value_in_the_filler(x, y, d):
+    x[0 if x.size - 1 - d > 1 else x.size - 2] = NK             # a value among the filler
+
+  def wrong_answer(x, y, d):
+    y[-1] = NK + (y[-1] - NK + 1) % NV                          # another value answered
+
+  def scored_filler(x, y, d):
+    y[0] = NK                                                   # a filler position scored
+  return [key_one_further, key_twice, value_in_the_filler, wrong_answer, scored_filler]
+
+
+@pytest.mark.parametrize("slip", _slips(), ids=lambda f: f.__name__)
+def test_the_checker_catches_a_planted_slip(slip):
+  for distance in (5, 31):
+    inputs, targets = (a.astype(np.int64) for a in draw(1, seed=5, distances=(distance,))[0])
+    kw = dict(num_keys=NK, num_values=NV, vocab_size=V)
+    assert violations(inputs, targets, distance, **kw) == []
+    slip(inputs, targets, distance)
+    assert violations(inputs, targets, distance, **kw) != []
+
+
+def test_a_fixed_distance_is_exact_and_a_list_is_drawn_uniformly():
+  for d in (2, 17, L - 1):
+    assert {needle_generator.distance_of(x) for x, _ in draw(50, seed=2, distances=(d,))} == {d}
+  got = np.array([needle_generator.distance_of(x) for x, _ in draw(4000, seed=3)])
+  counts = np.array([(got == d).sum() for d in DISTANCES])
+  assert counts.sum() == 4000
+  assert _chi_square(counts, np.full(4, 0.25)) < 16.3    # 0.999 quantile, 3 degrees of freedom
+
+
+def _chi_square(counts, probs):
+  expected = counts.sum() * probs
+  return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_the_value_is_independent_of_the_key_and_the_distance():
+  """A chi-square test of independence on 8,000 draws: the value against the key (8 x 8 table,
+  49 degrees of freedom, tolerance 85.4, the 0.999 quantile) and against the distance (8 x 4,
+  21 degrees of freedom, tolerance 46.8); marginals uniform (7 degrees of freedom, 24.3). A value
+  planted as a function of the key scores in the thousands."""
+  rows = draw(8000, seed=4)
+  keys = np.array([int(x[-1]) for x, _ in rows])
+  values = np.array([int(y[-1]) - NK for _, y in rows])
+  dist = np.array([DISTANCES.index(needle_generator.distance_of(x)) for x, _ in rows])
+
+  def independence(a, b, na, nb):
+    table = np.zeros((na, nb))
+    np.add.at(table, (a, b), 1)
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    return float(((table - expected) ** 2 / expected).sum())
+  assert independence(keys, values, NK, NV) < 85.4
+  assert independence(dist, values, 4, NV) < 46.8
+  assert _chi_square(np.bincount(values, minlength=NV), np.full(NV, 1 / NV)) < 24.3
+  assert _chi_square(np.bincount(keys, minlength=NK), np.full(NK, 1 / NK)) < 24.3
+  planted = (keys + (np.arange(keys.size) % 2)) % NV           # the test can fail
+  assert independence(keys, planted, NK, NV) > 1000
+
+
+def test_filler_is_uniform_over_its_own_range():
+  rows = draw(300, seed=6)
+  filler = np.concatenate([x[:-1][x[:-1] >= NK + NV] for x, _ in rows]).astype(np.int64)
+  assert filler.size == 300 * (L - 3)
+  counts = np.bincount(filler, minlength=V)[NK + NV:]
+  assert _chi_square(counts, np.full(V - NK - NV, 1 / (V - NK - NV))) < 59.7   # df 23
+
+
+def test_draws_are_deterministic_for_a_seed():
+  a, b, c = draw(20, seed=7), draw(20, seed=7), draw(20, seed=8)
+  for (x1, y1), (x2, y2) in zip(a, b):
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(y1, y2)
+  assert any((x1 != x3).any() for (x1, _), (x3, _) in zip(a, c))
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(seq_len=2, distances=(2,)), "at least 3"), (dict(distances=(1,)), "2 <= d"),
+    (dict(distances=(64,)), "2 <= d"), (dict(distances=()), "empty"),
+    (dict(vocab_size=16), "must exceed"), (dict(num_keys=0), "at least one"),
+    (dict(vocab_size=70_000), "uint16")])
+def test_impossible_settings_are_refused(kw, message):
+  settings = dict(vocab_size=V, seq_len=L, num_keys=NK, num_values=NV, distances=DISTANCES)
+  settings.update(kw)
+  with pytest.raises(ValueError, match=message):
+    needle_generator.check(**settings)
+
+
+def tiny_overrides(tmp_path):
+  return [("data.data_dir", str(tmp_path / "data")), ("data.vocab_size", str(V)),
+          ("data.num_keys", str(NK)), ("data.num_values", str(NV)),
+          ("data.max_length", str(L)), ("data.distances", str(DISTANCES)),
+          ("data.num_train", "64"), ("data.num_val", "16"), ("data.num_test", "16")]
+
+
+def test_the_dataset_is_the_generators_output(tmp_path):
+  config = configs.build_config("needle", size="small", overrides=tiny_overrides(tmp_path))
+  task = get_task("needle")
+  assert not task.status(config.data).ready
+  source = task.get_source(config.data, "test")
+  assert task.status(config.data).ready and len(source) == 16
+  drawn = draw(16, seed=2)
+  spec = task.batch_spec(config.data, 4, "train")
+  for i, (inputs, targets) in enumerate(drawn):
+    ex = source[i]
+    assert {k: v.shape for k, v in ex.items()} == {k: v.shape[1:] for k, v in spec.items()}
+    np.testing.assert_array_equal(np.flatnonzero(ex["mask"]), [L - 1])
+    np.testing.assert_array_equal(ex["inputs"], inputs.astype(np.int32) + 1)
+    assert ex["targets"][L - 1] == targets[L - 1] + 1 and (ex["targets"][:-1] == 0).all()
+
+
+def _model_cfg(task, kind="dot_product", variant="causal", global_query=False, window=4):
+  attention = {"kind": kind, **({"window": window} if kind == "band" else {})}
+  return dict(vocab_size=task.vocab_size, num_classes=task.num_classes, max_length=L,
+              emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=32, num_layers=2, dropout=0.0,
+              pos_emb="rotary", pool="mean", classifier_dim=16, attention=attention,
+              layer_attention=(), variant=variant, global_query=global_query)
+
+
+def _batch(num=6, seed=10):
+  rows = [needle.to_example(x, y, L) for x, y in draw(num, seed=seed)]
+  batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+  batch["weights"] = np.array([1] * (num - 1) + [0], np.float32)
+  return batch
+
+
+def test_the_objectives_score_the_query_position_only():
+  task = get_task("needle")
+  batch = _batch()
+  lm = task.build_model(_model_cfg(task), nnx.Rngs(0))
+  sums = task.objective(lm, batch, None)
+  logits = lm(batch["inputs"])                                       # [B, L, V] in full
+  want = weighted_sums(logits, batch["targets"], batch["mask"] * batch["weights"][:, None])
+  for key in ("loss_sum", "correct", "weight"):
+    np.testing.assert_allclose(float(sums[key]), float(want[key]), rtol=1e-5)
+  assert float(sums["weight"]) == 5
+  clf = task.build_model(_model_cfg(task, variant="bidirectional"), nnx.Rngs(0))
+  x, _ = clf.encoder(batch["inputs"])
+  logits = clf.head(jax.nn.relu(clf.hidden(x[:, -1])))               # the query's output
+  want = weighted_sums(logits, batch["targets"][:, -1], batch["weights"])
+  sums = task.objective(clf, batch, None)
+  for key in ("loss_sum", "correct", "weight"):
+    np.testing.assert_allclose(float(sums[key]), float(want[key]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_global_query_is_band_attention_with_the_query_global(causal):
+  """The global-query layer against dense attention with the Longformer mask of its window,
+  the last real position global (computed here from `masks.longformer_mask`)."""
+  task = get_task("needle")
+  variant = "causal" if causal else "bidirectional"
+  model = task.build_model(_model_cfg(task, "band", variant, global_query=True), nnx.Rngs(1))
+  layer = model.encoder.blocks[0].attention
+  assert isinstance(layer, needle_task.QueryGlobalBandAttention)
+  assert all(isinstance(b.attention, needle_task.QueryGlobalBandAttention)
+             for b in model.encoder.blocks)
+  x = jax.random.normal(jax.random.key(0), (2, L, 16))
+  key_mask = jnp.ones((2, L), bool).at[1, L - 5:].set(False)        # row 1: query at L - 6
+  out = layer(x, key_mask)
+  proj = lambda w: jnp.einsum("ble,ehd->blhd", x, w[...])
+  q, k = (rotary.apply_rotary(proj(w), layer.rotary_base) for w in (layer.query, layer.key))
+  v = proj(layer.value)
+  last = jnp.array([L - 1, L - 6])
+  want = []
+  for b in range(2):
+    glob = np.zeros(L, bool)
+    glob[int(last[b])] = True
+    allowed = np.asarray(masks.longformer_mask(L, window=4, global_mask=glob[None],
+                                               key_mask=key_mask[b][None], causal=causal))[0, 0]
+    logits = jnp.einsum("qhd,khd->hqk", q[b], k[b]) / np.sqrt(q.shape[-1])
+    p = jax.nn.softmax(jnp.where(allowed[None], logits, -1e30), axis=-1)
+    o = jnp.einsum("hqk,khd->qhd", p, v[b])
+    want.append(jnp.einsum("lhd,hde->le", o, layer.out[...]))
+  real = np.asarray(key_mask)
+  np.testing.assert_allclose(np.asarray(out)[real], np.asarray(jnp.stack(want))[real],
+                             atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(needle_task.query_position(key_mask)).nonzero()[1],
+                                np.asarray(last))
+
+
+def test_configs_build_and_refuse():
+  base = configs.build_config("needle", size="base")
+  assert base.data.max_length == 1024 and base.data.distances == tuple(range(256, 1024))
+  small = configs.build_config("needle", size="small")
+  assert (small.data.max_length, small.model.num_layers, small.model.emb_dim) == (256, 2, 64)
+  assert small.data.distances == tuple(range(64, 256))
+  assert small.model.attention.kind == "dot_product" and small.model.variant == "causal"
+  band = configs.build_config("needle", size="small",
+                              arg="attention=band,global=1,distance=128,length=512")
+  assert band.model.attention.window * band.model.num_layers == 32 < 128
+  assert band.data.distances == (128,) and band.data.max_length == 512 and band.model.global_query
+  assert band.config_arg.endswith(",global=1,distance=128,length=512")
+  ranged = configs.build_config("needle", size="base", arg="distance=100-199,length=65535")
+  assert ranged.data.distances == tuple(range(100, 200))
+  with pytest.raises(ValueError, match="cannot be causal"):
+    configs.build_config("needle", size="small", arg="attention=linformer")
+  configs.build_config("needle", size="small", arg="attention=bigbird,variant=bidirectional")
+  with pytest.raises(ValueError, match="needs band layers"):
+    configs.build_config("needle", size="small", arg="global=1")
+  with pytest.raises(ValueError, match="2 <= d"):
+    configs.build_config("needle", size="small", arg="distance=256")
+  with pytest.raises(ValueError, match="variant"):
+    configs.build_config("needle", size="small", arg="variant=sideways")
+
+
+@pytest.mark.parametrize("arg", [
+    "attention=dot_product", "attention=linformer,variant=bidirectional",
+    pytest.param("attention=band,global=1", marks=pytest.mark.slow)])   # global: tested above
+def test_two_steps_of_lra_run_give_finite_losses(arg, tmp_path, capsys):
+  work = tmp_path / "w"
+  tiny = [f"--config.{k}={v}" for k, v in tiny_overrides(tmp_path)] + [
+      "--config.model.emb_dim=16", "--config.model.qkv_dim=16", "--config.model.mlp_dim=32",
+      "--config.model.classifier_dim=16", "--config.model.num_layers=1",
+      "--config.batch_size=8", "--config.eval_batch_size=8", "--config.num_train_steps=2",
+      "--config.warmup_steps=1", "--config.log_every=1", "--config.progress=False"]
+  assert cli.main(["run", "needle", "--size", "small", "--arg", arg, "--workdir", str(work),
+                   "--yes", "--no_preflight", *tiny]) == 0
+  assert "test needle accuracy" in capsys.readouterr().out
+  results = json.loads((work / "results.json").read_text())
+  assert 0.0 <= results["test_accuracy"] <= 1.0
+  losses = [json.loads(line)["loss"] for line in (work / "metrics.jsonl").read_text().splitlines()]
+  assert losses and all(np.isfinite(losses))
