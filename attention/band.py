@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention import band_kernel, compat, validation
+from attention import band_kernel, validation
 from attention.dot_product import NEG_INF, masked_softmax_stats
 
 
@@ -202,23 +202,7 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
   elif isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
       or block_size < 1:
     raise ValueError(f"block_size must be a positive int or None, got {block_size!r}.")
-  num_global = 0
-  if global_mask is not None:
-    concrete = not compat.is_tracer(global_mask)
-    counts = np.asarray(global_mask).sum(axis=1) if concrete else None
-    if max_global is not None:
-      num_global = int(max_global)
-      if counts is not None and counts.size and counts.max() > num_global:
-        raise ValueError(
-            f"global_mask has {int(counts.max())} global tokens in a row but max_global is "
-            f"{num_global}: raise max_global.")
-    elif compat.is_tracer(global_mask):
-      raise ValueError(
-          "global_mask is traced (band_attention is called inside jax.jit), so the number of "
-          "global tokens is not known at trace time: pass max_global=<upper bound on global "
-          "tokens per row>.")
-    else:
-      num_global = int(counts.max()) if counts.size else 0
+  num_global = validation.global_slots(global_mask, max_global)
   return _band_attention(q, k, v, key_mask, global_mask if num_global else None, window=window,
                          dilations=dilations, causal=causal, block=int(block_size),
                          num_global=num_global)

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention import pallas_band_kernel as kernel
-from attention import compat, validation
+from attention import validation
 from attention.dot_product import dot_product_attention
 
 # Smallest matmul side (and block) Triton takes; every block shape is a power of two.
@@ -212,26 +212,7 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
   block_k = _block("block_k", block_k) or default
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
-  num_global = 0
-  if global_mask is not None:
-    traced = compat.is_tracer(global_mask)
-    counts = None if traced else np.asarray(global_mask).sum(axis=1)
-    if max_global is not None:
-      if isinstance(max_global, bool) or not isinstance(max_global, (int, np.integer)) \
-          or max_global < 0:
-        raise ValueError(f"max_global must be a non-negative int or None, got {max_global!r}.")
-      num_global = int(max_global)
-      if counts is not None and counts.size and counts.max() > num_global:
-        raise ValueError(
-            f"global_mask has {int(counts.max())} global tokens in a row but max_global is "
-            f"{num_global}: raise max_global.")
-    elif traced:
-      raise ValueError(
-          "global_mask is traced (band_attention is called inside jax.jit), so the number of "
-          "global tokens is not known at trace time: pass max_global=<upper bound on global "
-          "tokens per row>.")
-    else:
-      num_global = int(counts.max()) if counts.size else 0
+  num_global = validation.global_slots(global_mask, max_global)
   return _pallas_band(q, k, v, key_mask, global_mask if num_global else None, window=window,
                       dilations=dilations, causal=bool(causal), block_q=block_q,
                       block_k=block_k, num_global=num_global, interpret=bool(interpret))

@@ -43,7 +43,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_mask_info as _splash_info)
 
-from attention import compat, splash_masks, validation
+from attention import splash_masks, validation
 from attention.dot_product import masked_softmax_stats
 from attention.splash_masks import Pattern
 
@@ -212,26 +212,11 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
   if block_size is not None:
     validation.positive_int("block_size", block_size)
   bq, bkv = _tiles(block_q, block_kv)
-  num_global = 0
-  if global_mask is not None:
-    if causal:
-      raise ValueError(
-          "the splash backend cannot run causal band attention with global tokens exactly (a "
-          "global key is seen only from later positions); use implementation='xla' for it.")
-    traced = compat.is_tracer(global_mask)
-    counts = None if traced else np.asarray(global_mask).sum(axis=1)
-    if max_global is not None:
-      num_global = validation.positive_int("max_global", max_global) if max_global else 0
-      if counts is not None and counts.size and counts.max() > num_global:
-        raise ValueError(f"global_mask has {int(counts.max())} global tokens in a row but "
-                         f"max_global is {num_global}: raise max_global.")
-    elif traced:
-      raise ValueError(
-          "global_mask is traced (band_attention is called inside jax.jit), so the number of "
-          "global tokens is not known at trace time: pass max_global=<upper bound on global "
-          "tokens per row>.")
-    else:
-      num_global = int(counts.max()) if counts.size else 0
+  if global_mask is not None and causal:
+    raise ValueError(
+        "the splash backend cannot run causal band attention with global tokens exactly (a "
+        "global key is seen only from later positions); use implementation='xla' for it.")
+  num_global = validation.global_slots(global_mask, max_global)
   patterns = tuple(splash_masks.BandPattern(window, d, bool(causal)) for d in dilations)
   return _band(q, k, v, key_mask, global_mask if num_global else None, patterns=patterns,
                num_global=num_global, bq=bq, bkv=bkv, interpret=_interpret(interpret))

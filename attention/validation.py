@@ -13,6 +13,8 @@ import jax
 import numpy as np
 from jax.typing import ArrayLike
 
+from attention import compat
+
 
 def check_qkv(q: jax.Array, k: jax.Array, v: jax.Array, *,
               same_length: bool = False) -> tuple[int, int, int, int, int]:
@@ -106,3 +108,28 @@ def head_dilations(dilation: int | Sequence[int], num_heads: int) -> tuple[int, 
   if any(d < 1 for d in values):
     raise ValueError(f"dilation values must be >= 1, got {list(values)}.")
   return tuple(values)
+
+
+def global_slots(global_mask: jax.Array | None, max_global: int | None) -> int:
+  """The static number of global-token slots per row for a band layer's `global_mask`:
+  `max_global` when given (checked against a concrete mask), else the most global tokens in a
+  row of a concrete mask; a traced mask needs `max_global`. 0 without a mask."""
+  if global_mask is None:
+    return 0
+  traced = compat.is_tracer(global_mask)
+  counts = None if traced else np.asarray(global_mask).sum(axis=1)
+  if max_global is not None:
+    if isinstance(max_global, bool) or not isinstance(max_global, (int, np.integer)) \
+        or max_global < 0:
+      raise ValueError(f"max_global must be a non-negative int or None, got {max_global!r}.")
+    if counts is not None and counts.size and counts.max() > max_global:
+      raise ValueError(
+          f"global_mask has {int(counts.max())} global tokens in a row but max_global is "
+          f"{int(max_global)}: raise max_global.")
+    return int(max_global)
+  if traced:
+    raise ValueError(
+        "global_mask is traced (band_attention is called inside jax.jit), so the number of "
+        "global tokens is not known at trace time: pass max_global=<upper bound on global "
+        "tokens per row>.")
+  return int(counts.max()) if counts.size else 0
