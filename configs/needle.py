@@ -9,7 +9,8 @@ token of every band layer), `distance` (one distance, `distance=128`, or an incl
 uniformly per example, `distance=64-255`), `length` (the sequence length, up to 65,535). The
 same fields are `--config.model.variant`, `--config.model.global_query`,
 `--config.data.distances` (any tuple of distances, drawn uniformly per example) and
-`--config.data.max_length`.
+`--config.data.max_length`. Runs that differ only in these arguments share the default workdir
+(`workdirs/needle-ATTENTION-SIZE`): give each its own `--workdir`.
 
 Distance d is the query's position (the last, L - 1) minus the key's; the value follows the
 key. Band attention's reach is window x layers (a causal query sees window tokens back per layer,
@@ -105,12 +106,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if p.length:
     c.data.max_length = p.length
   c.data.distances = parse_distances(p.distance, c.data.max_length)
+  # config_arg keeps attention, size and window only: the default workdir and `lra results`
+  # read it with the arguments every task takes (launch/values.py), so the other arguments
+  # show as the fields they set (model.variant, model.global_query, data.distances, ...).
   common.set_attention(c, a, window)
-  extra = [f"variant={p.variant}"] if p.variant != "causal" else []
-  extra += ["global=1"] if p["global"] else []
-  extra += [f"{k}={p[k]}" for k in ("distance", "length") if p[k]]
-  if extra:
-    c.config_arg += "," + ",".join(extra)
   return c
 
 
