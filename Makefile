@@ -35,7 +35,7 @@ test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not slow" tests
 
 # The first hour scripted: the README's main job and every doc command that states a number, from
-# a fresh clone, each compared with its doc (benchmarks/first_hour.py; ~15 min, QUICK=1: ~1 min).
+# a fresh clone, each compared with its doc (benchmarks/first_hour.py; ~25 min, QUICK=1: ~1 min).
 .PHONY: first-hour
 first-hour: $(STAMP)
 	$(VENV)/bin/python benchmarks/first_hour.py $(if $(QUICK),--quick)

@@ -2,14 +2,14 @@
 a number, run from a fresh clone, each compared with what its doc says.
 
     .venv/bin/python benchmarks/first_hour.py --quick     # dry runs and short commands (~1 min)
-    .venv/bin/python benchmarks/first_hour.py             # also the training runs (~15 min)
+    .venv/bin/python benchmarks/first_hour.py             # also the training runs (~25 min)
     .venv/bin/python benchmarks/first_hour.py --only demo,sweep_kinds_small
 
 The checkout is cloned (`git clone`, so only committed files count) into a temporary folder and
 every command runs there, with this interpreter and the clone's own code on `PYTHONPATH`
 (`python -m launch.cli`, which is what the `lra` entry point runs) and a fresh `$LRA_DATA`, so
 nothing is installed and nothing from this machine's earlier runs is reused. `--repo DIR` runs
-in DIR instead of a clone (the tests use it), `--keep` keeps the folder.
+in DIR instead of a clone (uncommitted edits count there), `--keep` keeps the folder.
 
 Each `Check` names a doc, a pattern that finds the line stating the number (or the documented
 line itself), the command, and a pattern for the same number in the command's output. The
@@ -28,8 +28,9 @@ check (command, expected, got, ok) and exits with 1 if any check failed.
 refusal of a base-size run with its hours, a 5-step run of a paper-named kind. The full mode
 adds the training runs: the main job (`make demo` = `lra run listops --size small`, about
 2.5 min on 2 cores), the four-run sweep of docs/launch.md (one run at a time: the accuracies do
-not depend on the parallelism), the spt example of docs/pretraining.md and the enwik8 demo of
-docs/character_lm.md (about 8 min). Runs are deterministic on one machine; the docs' numbers
+not depend on the parallelism), the spt example of docs/pretraining.md, the float32 and
+bfloat16 band runs of docs/long_context.md and the enwik8 demo of docs/character_lm.md (about
+8 min). Runs are deterministic on one machine; the docs' numbers
 come from the 2-core development machine, and another machine's float reductions may differ in
 the last digits, which is what this script is for: it says where.
 """
@@ -58,7 +59,7 @@ class Check:
   pattern: str             # regex for the doc's line; group 1 is the number ('line': the line)
   command: tuple[str, ...]  # argv after `lra`
   output: str              # regex for the number in the command's output (group 1)
-  compare: str = "exact"   # 'exact', 'factor', or 'line'
+  compare: str = "exact"   # 'exact', 'factor', 'line' or 'text'
   factor: float = 1.0      # for 'factor', unless the doc states it
   tolerance_pattern: str = ""   # regex for the doc's own tolerance factor (group 1)
   exit_status: int = 0
@@ -92,21 +93,32 @@ CHECKS = (
           "--size", "small"), _ACC, minutes=2.5),
     Check("demo_majority", "README.md", r"`test accuracy \d+\.\d+ \(majority class (\d+\.\d+)\)`",
           ("run", "listops", "--size", "small"), r"\(majority class (\d+\.\d+)\)", minutes=2.5),
+    Check("demo_training_md", "docs/training.md",
+          r"^test accuracy (\d+\.\d+) \(majority class \d+\.\d+\), best validation",
+          ("run", "listops", "--size", "small"), _ACC, minutes=2.5),
     Check("demo_seed0", "docs/pretraining.md", r"^\| ListOps \| scratch \(800 steps\) \| (\d\.\d+)",
           ("run", "listops", "--size", "small"), _ACC, minutes=2.5),
     *(Check(f"sweep_kinds_small_{k}", "docs/launch.md",
             r"^" + re.escape(f"[{k}/4] attention={kind},size=small,num_train_steps=200,"
                              f"seed={seed}: finished") + r".*?test accuracy (\d\.\d+)",
             ("sweep", "listops", "--sweep", "kinds_small", "--workdir", "workdirs/listops-kinds",
-             "--parallel", "1"), _SWEEP.format(k=k, kind=kind, seed=seed), minutes=3.0)
+             "--parallel", "1"), _SWEEP.format(k=k, kind=kind, seed=seed), minutes=4.0)
       for k, kind, seed in ((1, "dot_product", 0), (2, "dot_product", 1), (3, "band", 0),
                             (4, "band", 1))),
     Check("spt_seed0", "docs/pretraining.md",
           r"^\| ListOps \| spt, mlm \(400 \+ 400\) \| (\d\.\d+)",
           ("run", "listops", "--size", "small", "--workdir", "workdirs/spt-s0",
            "--config.protocol=spt"), _ACC, minutes=2.5),
+    *(Check(f"long_context_{name}", "docs/long_context.md", rf"^\| {dtype} \| (\d\.\d+) \|",
+            ("run", "listops", "--size", "small", "--attention", "band", "--workdir",
+             f"runs/{name}", *extra), _ACC, minutes=2.5)
+      for name, dtype, extra in (("f32", "float32", ()),
+                                 ("bf16", "bfloat16", ("--config.dtype=bfloat16",)))),
     Check("enwik8_small", "docs/character_lm.md",
           r"^\| `lra run enwik8 --size small` .*?\| \*\*(\d\.\d+)\*\*",
+          ("run", "enwik8", "--size", "small"), r"test BPC (\d\.\d+)", minutes=8.5),
+    Check("enwik8_small_positions", "docs/positions.md",
+          r"seed 0\): test BPC (\d\.\d+) with relative positions",
           ("run", "enwik8", "--size", "small"), r"test BPC (\d\.\d+)", minutes=8.5),
 )
 

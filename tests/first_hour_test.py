@@ -189,7 +189,7 @@ DEMO_OUT = ("Training listops (attention=dot_product,size=small) in /x\n"
 
 def test_a_run_that_prints_the_documented_numbers_matches():
   docs = _docs()
-  for name in ("demo", "demo_majority", "demo_seed0"):
+  for name in ("demo", "demo_majority", "demo_training_md", "demo_seed0"):
     row = first_hour.evaluate(_check(name), docs, 0, DEMO_OUT)
     assert row.ok, (name, row)
   row = first_hour.evaluate(_check("demo"), docs, 0, DEMO_OUT)
@@ -232,7 +232,7 @@ def test_quick_and_only_select_the_checks():
   assert quick and all(c.quick for c in quick)
   assert {c.name for c in first_hour.select(False, "")} == {c.name for c in first_hour.CHECKS}
   assert [c.name for c in first_hour.select(False, "demo")] == [
-      "demo", "demo_majority", "demo_seed0"]
+      "demo", "demo_majority", "demo_training_md", "demo_seed0"]
   assert len(first_hour.select(False, "sweep_kinds_small")) == 4
   with pytest.raises(SystemExit, match="no check named nosuch"):
     first_hour.select(False, "nosuch")
