@@ -18,6 +18,9 @@ The tables:
     docs/efficiency.jsonl (benchmarks/lra_speed.py); dot_product first, the others by mean;
   - `lra_speed tables` (docs/efficiency.md): the tables `benchmarks/lra_speed.py --render`
     prints from docs/efficiency.jsonl;
+  - `paired run 1` and `paired run 2` (docs/efficiency.md): the rows
+    `benchmarks/lra_interleaved.py` prints for each of its two runs in
+    docs/efficiency-paired.jsonl;
   - `longest_sequence: band` and `longest_sequence: band_small` (docs/long_context.md): the
     tables `benchmarks/longest_sequence.py --render` prints from docs/longest_sequence.jsonl,
     for the models of each block.
@@ -114,12 +117,27 @@ def longest_sequence_tables(path: str, small: bool) -> str:
   return longest_sequence.table(records) + "\n\n" + longest_sequence.longest(records)
 
 
+def paired_tables(path: str, run: int) -> str:
+  """The rows `benchmarks/lra_interleaved.py` prints for its `run`-th run (0: the first) in
+  `path`, a run being the records of one date."""
+  from benchmarks import lra_interleaved
+  with open(path) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  dates = list(dict.fromkeys(r["date"] for r in records))
+  rows = [r for r in records if r["date"] == dates[run]]
+  return "\n".join(lra_interleaved.table(rows, rows[0]["length"], rows[0]["batch"])
+                   .splitlines()[2:])   # the table, without the line that says what it is
+
+
 TABLES = (
     Table("listops kinds", "docs/efficiency.md", "<!-- listops kinds: begin -->",
           "<!-- listops kinds: end -->", ("docs/listops_small_kinds.json", "docs/efficiency.jsonl"),
           listops_kinds),
     Table("lra_speed tables", "docs/efficiency.md", "<!-- lra_speed tables: begin -->",
           "<!-- lra_speed tables: end -->", ("docs/efficiency.jsonl",), lra_speed_tables),
+    *(Table(f"paired run {k + 1}", "docs/efficiency.md", f"<!-- paired run {k + 1}: begin -->",
+            f"<!-- paired run {k + 1}: end -->", ("docs/efficiency-paired.jsonl",),
+            lambda path, k=k: paired_tables(path, k)) for k in range(2)),
     Table("longest_sequence: band", "docs/long_context.md", "<!-- longest_sequence: band -->",
           "<!-- end -->", ("docs/longest_sequence.jsonl",),
           lambda path: longest_sequence_tables(path, small=False)),
