@@ -6,8 +6,8 @@ query of its key; a 2-layer causal LM or bidirectional encoder classifier, any a
 base, 16 at small), `variant` (`causal`, the default: kinds that cannot be causal are refused;
 `bidirectional`: every kind, BigBird and Linformer included), `global` (1: the query is a global
 token of every band layer), `distance` (one distance, `distance=128`, or an inclusive range drawn
-uniformly per example, `distance=64-255`), `length` (the sequence length, up to 65,535). The
-same fields are `--config.model.variant`, `--config.model.global_query`,
+uniformly per example, `distance=64-255`), `length` (the sequence length; 65,536 in principle,
+memory permitting). The same fields are `--config.model.variant`, `--config.model.global_query`,
 `--config.data.distances` (any tuple of distances, drawn uniformly per example) and
 `--config.data.max_length`. Runs that differ only in these arguments share the default workdir
 (`workdirs/needle-ATTENTION-SIZE`): give each its own `--workdir`.
