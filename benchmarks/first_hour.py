@@ -68,6 +68,7 @@ class Check:
 
 
 _ACC = r"test accuracy (\d+\.\d+) \(majority class"
+_BPC = r"test bits per character (\d\.\d+)"
 _SWEEP = r"\[{k}/4\] attention={kind},size=small,num_train_steps=200,seed={seed}: finished .*?" \
          r"test accuracy (\d+\.\d+)"
 
@@ -116,10 +117,10 @@ CHECKS = (
                                  ("bf16", "bfloat16", ("--config.dtype=bfloat16",)))),
     Check("enwik8_small", "docs/character_lm.md",
           r"^\| `lra run enwik8 --size small` .*?\| \*\*(\d\.\d+)\*\*",
-          ("run", "enwik8", "--size", "small"), r"test BPC (\d\.\d+)", minutes=8.5),
+          ("run", "enwik8", "--size", "small"), _BPC, minutes=8.5),
     Check("enwik8_small_positions", "docs/positions.md",
           r"seed 0\): test BPC (\d\.\d+) with relative positions",
-          ("run", "enwik8", "--size", "small"), r"test BPC (\d\.\d+)", minutes=8.5),
+          ("run", "enwik8", "--size", "small"), _BPC, minutes=8.5),
 )
 
 
@@ -193,8 +194,10 @@ def evaluate(check: Check, docs: dict[str, str], status: int | None, out: str) -
     return Row(check, shown_expected, got or "", False,
                f"exit {status}, documented {check.exit_status}: {tail[0][:200]}")
   ok = compare(check.compare, expected, got, factor)
+  last = (out.strip().splitlines() or [""])[-1][:200]
   return Row(check, shown_expected, "(not printed)" if got is None else
-             ("the line" if check.compare == "line" else got), ok)
+             ("the line" if check.compare == "line" else got), ok,
+             f"its last line: {last}" if got is None else "")
 
 
 def run_command(argv: tuple[str, ...], repo: Path, data: Path, timeout: float) -> tuple[int, str]:
