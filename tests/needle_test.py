@@ -21,6 +21,7 @@ from flax import nnx
 import configs
 from attention import masks, rotary
 from launch import cli
+from lra import train
 from lra.data import needle, needle_generator
 from lra.tasks import get_task
 from lra.tasks import needle as needle_task
@@ -289,8 +290,10 @@ def test_configs_build_and_refuse():
   assert band.config_arg == "attention=band,size=small,window=0"   # what launch/ reads
   ranged = configs.build_config("needle", size="base", arg="distance=100-199,length=65535")
   assert ranged.data.distances == tuple(range(100, 200))
-  with pytest.raises(ValueError, match="cannot be causal"):
-    configs.build_config("needle", size="small", arg="attention=linformer")
+  linformer = configs.build_config("needle", size="small", arg="attention=linformer")
+  task = get_task("needle")
+  with pytest.raises(ValueError, match="cannot be causal.*variant=bidirectional"):
+    task.build_model(train.model_config(linformer, task), nnx.Rngs(0))
   configs.build_config("needle", size="small", arg="attention=bigbird,variant=bidirectional")
   with pytest.raises(ValueError, match="needs band layers"):
     configs.build_config("needle", size="small", arg="global=1")

@@ -5,7 +5,7 @@ The data (the tfds dataset and the model's examples, MQAR's format) is `lra.data
 generator `lra.data.needle_generator`. `config.model.variant` picks the model:
 - `causal`: the character LM's causal `models.LanguageModel`, as MQAR's task (`lra.tasks.mqar`):
   the query position's output, through the tied embedding, predicts the next token, the value.
-  Only kinds that can be causal (their `lra list` record) run it;
+  Only kinds that can be causal (their `lra list` record) run it: `build_model` refuses others;
 - `bidirectional`: the LRA encoder classifier `models.Classifier`, whose Dense -> ReLU -> Dense
   head reads the encoder output at the query position (not a pooled output: `model.pool` must
   be `mean`, so no CLS token is prepended), over the same ids as the causal variant. Every kind
@@ -31,6 +31,7 @@ from flax import nnx
 
 import models
 from attention import backends, rotary
+from attention import kinds as attention_kinds
 from lra.data import needle as data
 from lra.tasks.base import example_weights, weighted_sums
 from lra.tasks.language_model import LanguageModelTask
@@ -100,14 +101,21 @@ class NeedleTask(LanguageModelTask):
       raise ValueError(f"config.model.variant = {variant!r}: must be one of "
                        f"{', '.join(VARIANTS)}.")
     causal = variant == "causal"
+    if causal:
+      for spec in ModelSettings.from_mapping(model_cfg).layer_specs():
+        reason = attention_kinds.get(split_spec(spec)[0]).causal
+        if reason is not True:
+          raise ValueError(f"attention {split_spec(spec)[0]!r} cannot be causal "
+                           f"({str(reason).rstrip('.')}); the needle task runs it with --arg "
+                           f"variant=bidirectional.")
     model = (models.LanguageModel if causal else models.Classifier)(model_cfg, rngs=rngs)
     if model_cfg.get("global_query"):
       make_query_global(model.encoder, model_cfg, causal=causal, rngs=rngs)
     return model
 
   def check_layers(self, kinds: Sequence[str]) -> None:
-    """Nothing here: the causal variant's kinds are checked by `configs/needle.py` (`check`),
-    which knows the variant, and by the causal model itself."""
+    """Nothing here: which kinds run depends on the variant, a model setting that this check
+    does not see; `build_model` refuses a causal model of a kind that cannot be causal."""
     del kinds
 
   def objective(self, model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
