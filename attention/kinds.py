@@ -229,6 +229,12 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          backends=_BLOCK_MASK_BACKENDS,
          no_pattern="its per-layer block layout is not composed with the permutation masks "
                     "yet."),
+    Kind("entmax", "entmax", "entmax_attention", extras="EntmaxAlpha", cost="quadratic",
+         paper="Adaptively Sparse Transformers (Correia et al. 2019)",
+         summary="alpha-entmax weights, alpha learned per head: exact zeros",
+         aliases=("adaptively_sparse", "adaptive_sparse"),
+         defaults=lambda window, max_length: {"alpha": "learned"}, arguments=("alpha",),
+         pattern="all_pairs_pattern"),
     Kind("favor", "favor", "favor_attention", extras="FavorFeatures",
          paper="Performer (Choromanski et al. 2021)", summary="FAVOR+ random features",
          aliases=("performer",),

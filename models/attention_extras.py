@@ -3,9 +3,9 @@
 Most primitives need only q, k, v and their config arguments. A few need arrays that belong to
 the layer: FAVOR+ random features (fixed, non-trainable), Linformer's length projections,
 Synthesizer's synthetic logits, LSH's hashing key, BigBird's per-layer seed, block_sparse's
-layout. The kind's record in `attention.kinds` names its class here (`Kind.extras`); the layer
-builds it with `make_extras(...)` and at call time the instance returns the keyword arguments
-handed to the primitive. Config arguments a class consumes itself (for example `num_features` or
+layout, entmax's alpha per head. The kind's record in `attention.kinds` names its class here
+(`Kind.extras`); the layer builds it with `make_extras(...)` and at call time the instance
+returns the keyword arguments handed to the primitive. Config arguments a class consumes itself (for example `num_features` or
 `sharing`) are listed in its `CONSUMES` and are not forwarded. A class whose
 `shared_across_layers(args)` is true is built once and handed to every layer of that kind
 (Linformer's `sharing="layer"`).
@@ -193,6 +193,35 @@ class LshKey(Extras):
     del length
     key = jax.random.wrap_key_data(self.eval_key[...]) if rng is None else rng
     return {"key": key}
+
+
+class EntmaxAlpha(Extras):
+  """entmax's alpha: `alpha` (config) "learned" gives one per head, alpha = 1 + sigmoid(a) in
+  (1, 2) (Correia et al. 2019's parametrisation), a initialised at 0 (alpha = 1.5); a number in
+  [1, 2] fixes it for every head (1 softmax, 2 sparsemax) and owns no parameter."""
+
+  CONSUMES = ("alpha",)
+
+  def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
+               rngs: nnx.Rngs, layer_index: int = 0):
+    del head_dim, max_length, layer_index
+    alpha = args.get("alpha", "learned")
+    self.fixed = None
+    if alpha != "learned":
+      try:
+        self.fixed = float(alpha)
+      except (TypeError, ValueError):
+        self.fixed = -1.0
+      if not 1 <= self.fixed <= 2:
+        raise ValueError(f"entmax alpha must be 'learned' or a number in [1, 2], got {alpha!r}.")
+      return
+    self.logit = param(rngs, nnx.initializers.zeros_init(), (num_heads,), ("heads",))
+
+  def __call__(self, *, length: int, rng) -> dict[str, Any]:
+    del length, rng
+    if self.fixed is not None:
+      return {"alpha": self.fixed}
+    return {"alpha": 1 + jax.nn.sigmoid(self.logit[...])}
 
 
 class BigBirdSeed(Extras):
