@@ -5,10 +5,10 @@ the layer: FAVOR+ random features (fixed, non-trainable), Linformer's length pro
 Synthesizer's synthetic logits, LSH's hashing key, BigBird's per-layer seed, block_sparse's
 layout, entmax's alpha per head. The kind's record in `attention.kinds` names its class here
 (`Kind.extras`); the layer builds it with `make_extras(...)` and at call time the instance
-returns the keyword arguments handed to the primitive. Config arguments a class consumes itself (for example `num_features` or
-`sharing`) are listed in its `CONSUMES` and are not forwarded. A class whose
-`shared_across_layers(args)` is true is built once and handed to every layer of that kind
-(Linformer's `sharing="layer"`).
+returns the keyword arguments handed to the primitive. Config arguments a class consumes itself
+(for example `num_features` or `sharing`) are listed in its `CONSUMES` and are not forwarded. A
+class whose `shared_across_layers(args)` is true is built once and handed to every layer of that
+kind (Linformer's `sharing="layer"`).
 """
 
 from __future__ import annotations

@@ -191,6 +191,8 @@ def _pattern_cases():
   cases = []
   for name in kinds.names_where(lambda k: k.pattern):
     args = kinds.defaults(name, window=3, max_length=LENGTH)
+    if name == "entmax":   # "learned" is the model's alpha; alpha = 1 is softmax over the pairs
+      args = {"alpha": 1.0}
     cases.append((name, args))
     if name == "band":
       cases.append((name, {**args, "dilation": (1, 2)}))
@@ -290,7 +292,7 @@ def test_from_inputs_names_a_function_beside_the_kind_and_its_extras_decide():
 
 def test_quadratic_kinds_are_the_ones_that_score_every_pair():
   assert kinds.names_where(lambda k: k.cost == "quadratic") == (
-      "dot_product", "flash", "synthesizer")
+      "dot_product", "entmax", "flash", "synthesizer")
 
 
 def test_a_pallas_backend_takes_the_keywords_of_the_kinds_own_function():
