@@ -307,3 +307,19 @@ def test_the_model_learns_one_alpha_per_head_from_one_point_five():
   with pytest.raises(ValueError, match="'learned' or a number in"):
     attention_extras.make_extras("entmax", {"alpha": 3}, num_heads=2, head_dim=8,
                                  max_length=8, rngs=nnx.Rngs(0))
+
+
+def test_the_trained_model_report_counts_exact_zeros_over_real_pairs():
+  from benchmarks import entmax_trained
+  q, k, _ = qkv(seed=53, lq=LK)
+  km = key_mask()
+  rec = {"q": np.asarray(q), "k": np.asarray(k), "alpha": np.asarray([1.0, 1.5, 2.0], np.float32),
+         "causal": True, "key_mask": km}
+  row = entmax_trained.layer_sparsity(rec)
+  pairs = allowed(LK, LK, km, True, query_mask=km)
+  p = np_weights(q, k, [1.0, 1.5, 2.0], pairs)
+  pairs = np.broadcast_to(pairs, p.shape)
+  want = [((p[:, h] == 0) & pairs[:, h]).sum() / pairs[:, h].sum() for h in range(H)]
+  np.testing.assert_allclose(row["zero_fraction_per_head"], want, atol=1e-4)
+  assert row["zero_fraction_per_head"][0] == 0 and row["pairs"] == pairs.sum()
+  assert row["alpha"] == [1.0, 1.5, 2.0]
