@@ -33,7 +33,7 @@ Sweeps (docs/launch.md): `lra sweep listops --workdir DIR` runs `sweep` (every a
 size base, seeds 0-2); `lra sweep listops --sweep kinds_small --workdir DIR --parallel 2` runs
 `sweep_kinds_small` (dense and band at size small, two seeds, 200 steps each; its results are in
 docs/launch.md); `--sweep every_kind_small` runs every attention kind at size small, seeds 0 and
-1 (22 runs; the accuracy axis of docs/efficiency.md's speed-vs-accuracy plot); `lra results DIR
+1 (24 runs; the accuracy axis of docs/efficiency.md's speed-vs-accuracy plot); `lra results DIR
 --lra` tabulates any of them.
 """
 

@@ -241,6 +241,19 @@ def _check_dilation(field: str, value: Any) -> None:
                      f"positive integer per head (the band's dilation).")
 
 
+def _check_alpha(field: str, value: Any) -> None:
+  """entmax's alpha: "learned" (one per head), or a fixed number in [1, 2]."""
+  if value == "learned":
+    return
+  try:
+    number = None if isinstance(value, bool) else float(value)
+  except (TypeError, ValueError):
+    number = None
+  if number is None or not 1 <= number <= 2:
+    raise ValueError(f"{field} = {value!r}: must be 'learned' or a number in [1, 2] (entmax's "
+                     f"alpha: 1 is softmax, 2 sparsemax).")
+
+
 def check_attention(spec: Mapping[str, Any], where: str, default_kind: Any = None) -> None:
   """Checks one attention spec (`kind` plus arguments) found at `where` (for the message).
 
@@ -269,6 +282,8 @@ def check_attention(spec: Mapping[str, Any], where: str, default_kind: Any = Non
       _refuse(f"{where}.{name}", value, at_least(low), meaning)
     if name == "dilation":
       _check_dilation(f"{where}.{name}", value)
+    if name == "alpha":
+      _check_alpha(f"{where}.{name}", value)
 
 
 def attention_sublayers(model: Any) -> int:
