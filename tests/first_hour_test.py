@@ -212,6 +212,12 @@ def test_every_output_pattern_reads_the_line_the_tasks_print():
     out = bpc if name.startswith("enwik8") else accuracy
     row = first_hour.evaluate(_check(name), docs, 0, f"Training ...\n{out}\n")
     assert row.ok and row.got in ("0.3925", "1.8290"), row
+  # a staged run prints its phase 1 line first: the final phase's is the run's result
+  phase1 = bpc.replace("1.8290", "1.9728")
+  row = first_hour.evaluate(_check("enwik8_small"), docs, 0, f"{phase1}\n{bpc}\n")
+  assert row.ok and row.got == "1.8290", row
+  row = first_hour.evaluate(_check("enwik8_small_phase1"), docs, 0, f"{phase1}\n{bpc}\n")
+  assert row.ok and (row.expected, row.got) == ("1.973", "1.9728"), row
   row = first_hour.evaluate(_check("enwik8_small"), docs, 0, "test BPC 1.829\n")
   assert not row.ok and row.note == "its last line: test BPC 1.829"
 
