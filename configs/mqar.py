@@ -81,10 +81,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.max_length = p.length
   c.data.num_kv_pairs = p.pairs or ZOOLOGY_PAIRS.get(c.data.max_length,
                                                      max(1, c.data.max_length // 16))
+  # config_arg keeps attention, size and window only: the default workdir and `lra results`
+  # read it with the arguments every task takes (launch/values.py), so width, length and pairs
+  # show as the fields they set (model.emb_dim, data.max_length, data.num_kv_pairs).
   common.set_attention(c, a, a.window or 32)
-  extra = ",".join(f"{k}={p[k]}" for k in ("width", "length", "pairs") if p[k])
-  if extra:
-    c.config_arg += "," + extra
   return c
 
 

@@ -246,7 +246,8 @@ def test_configs_build_with_zoologys_settings():
           small.model.num_layers) == (64, 256, 16, 2)
   grid = configs.build_config("mqar", size="base", arg="width=256,length=512")
   assert grid.model.emb_dim == grid.model.qkv_dim == 256 and grid.data.num_kv_pairs == 64
-  assert grid.config_arg.endswith(",width=256,length=512")
+  from launch import train as train_launcher   # what launch/ reads of config_arg: it builds
+  assert train_launcher.default_workdir("mqar", grid).endswith("mqar-dot_product-base")
   with pytest.raises(ValueError, match="4 \\* num_pairs <= seq_len"):
     configs.build_config("mqar", size="small", overrides=[("data.num_kv_pairs", "65")])
 
