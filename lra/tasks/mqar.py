@@ -30,8 +30,35 @@ MAX_VOCAB = 8192          # the largest data.vocab_size (Zoology's); ids are tok
 
 
 @dataclasses.dataclass(frozen=True)
-class MQARTask(LanguageModelTask):
+class RecallTask(LanguageModelTask):
+  """A recall task's metrics: accuracy at the answer positions only (no derived metrics or extra
+  result fields), the best checkpoint the most accurate; `RESULT` names it in the result line."""
+
+  RESULT = ("recall", "answers recalled")   # (the task's name, what its accuracy counts)
+
+  def derived_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    del metrics
+    return {}
+
+  def better(self, metrics: Mapping[str, float], best: Mapping[str, Any]) -> bool:
+    return metrics["accuracy"] > best.get("accuracy", float("-inf"))
+
+  def result_fields(self, *, test_best, test_final, final_validation, best) -> dict[str, Any]:
+    del test_best, test_final, final_validation, best
+    return {}
+
+  def result_line(self, results: Mapping[str, Any], where: str) -> str:
+    name, counts = self.RESULT
+    return (f"test {name} accuracy {results['test_accuracy']:.4f} ({counts}), best "
+            f"validation accuracy {results['best_validation_accuracy']:.4f} at step "
+            f"{results['best_validation_step']}; results in {where}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MQARTask(RecallTask):
   """Next-token prediction scored at the answer positions, reported as recall accuracy."""
+
+  RESULT = ("MQAR", "answers recalled")
 
   def objective(self, model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
     x, _ = model.encoder(batch["inputs"], rng=rng)                         # [B, L, E]
@@ -46,22 +73,6 @@ class MQARTask(LanguageModelTask):
     if "weights" in batch:
       weights = weights * batch["weights"].astype(jnp.float32)[:, None]
     return weighted_sums(logits, targets, weights)
-
-  def derived_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
-    del metrics
-    return {}
-
-  def better(self, metrics: Mapping[str, float], best: Mapping[str, Any]) -> bool:
-    return metrics["accuracy"] > best.get("accuracy", float("-inf"))
-
-  def result_fields(self, *, test_best, test_final, final_validation, best) -> dict[str, Any]:
-    del test_best, test_final, final_validation, best
-    return {}
-
-  def result_line(self, results: Mapping[str, Any], where: str) -> str:
-    return (f"test MQAR accuracy {results['test_accuracy']:.4f} (answers recalled), best "
-            f"validation accuracy {results['best_validation_accuracy']:.4f} at step "
-            f"{results['best_validation_step']}; results in {where}")
 
 
 TASK = MQARTask(name=NAME, vocab_size=MAX_VOCAB + data.OFFSET,

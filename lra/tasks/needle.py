@@ -34,7 +34,7 @@ from attention import backends, rotary
 from attention import kinds as attention_kinds
 from lra.data import needle as data
 from lra.tasks.base import example_weights, weighted_sums
-from lra.tasks.language_model import LanguageModelTask
+from lra.tasks.mqar import RecallTask
 from models import sequence
 from models.attention_layer import split_spec
 from models.seq2seq import GlobalBandAttention
@@ -92,8 +92,10 @@ def make_query_global(encoder: models.Encoder, cfg: Mapping[str, Any], *, causal
 
 
 @dataclasses.dataclass(frozen=True)
-class NeedleTask(LanguageModelTask):
+class NeedleTask(RecallTask):
   """The value at the query position, by a causal LM or an encoder classifier."""
+
+  RESULT = ("needle", "needles retrieved")
 
   def build_model(self, model_cfg: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     variant = str(model_cfg.get("variant") or "causal")
@@ -129,22 +131,6 @@ class NeedleTask(LanguageModelTask):
     targets = jnp.take_along_axis(batch["targets"], index[:, None], axis=1)[:, 0]
     weights = example_weights(batch) * jnp.max(batch["mask"], axis=1).astype(jnp.float32)
     return weighted_sums(logits.astype(jnp.float32), targets, weights)
-
-  def derived_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
-    del metrics
-    return {}
-
-  def better(self, metrics: Mapping[str, float], best: Mapping[str, Any]) -> bool:
-    return metrics["accuracy"] > best.get("accuracy", float("-inf"))
-
-  def result_fields(self, *, test_best, test_final, final_validation, best) -> dict[str, Any]:
-    del test_best, test_final, final_validation, best
-    return {}
-
-  def result_line(self, results: Mapping[str, Any], where: str) -> str:
-    return (f"test needle accuracy {results['test_accuracy']:.4f} (needles retrieved), best "
-            f"validation accuracy {results['best_validation_accuracy']:.4f} at step "
-            f"{results['best_validation_step']}; results in {where}")
 
 
 TASK = NeedleTask(name=NAME, vocab_size=MAX_VOCAB + data.OFFSET,
