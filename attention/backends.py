@@ -13,9 +13,10 @@ portable function, so the layer calls either the same way:
 
 `config.model.attention.implementation` is `auto` (the default) or one of those names. `auto`
 resolves per layer, at build time, from the platform (`choose`):
-- GPU: tokamax for dense layers and for band layers that have no dilation and no global tokens,
-  our Pallas kernels for band layers with dilation or global tokens and for the block-pattern
-  kinds (bigbird, sparse, block_local, block_sparse), `xla` for the rest;
+- GPU: tokamax for dense layers and for band layers that have no dilation and no global tokens
+  (when a tokamax kernel builds on this jax: `tokamax_backend.fast_kernels`), our Pallas kernels
+  for the other band layers and for the block-pattern kinds (bigbird, sparse, block_local,
+  block_sparse), `xla` for the rest;
 - TPU: splash for every kind it computes, `xla` for the rest;
 - anywhere else (the CPU): `xla`.
 A backend named explicitly must compute the layer's pattern exactly (`check`): asking tokamax
@@ -51,6 +52,13 @@ def _dilated(args: Mapping[str, Any]) -> bool:
   dilation = args.get("dilation", 1)
   values = dilation if isinstance(dilation, (list, tuple)) else (dilation,)
   return any(int(d) != 1 for d in values)
+
+
+def _tokamax_window_kernel() -> bool:
+  """Whether tokamax has a kernel for a local window here; without one its window is an XLA
+  L x L mask, and band layers go to our Pallas kernel (`tokamax_backend.fast_kernels`)."""
+  from attention import tokamax_backend
+  return tokamax_backend.fast_kernels()
 
 
 def unable(kind: str, backend: str, args: Mapping[str, Any], *, global_tokens: bool = False,
@@ -97,7 +105,8 @@ def choose(kind: str, args: Mapping[str, Any] | None = None, *, implementation: 
     import jax
     platform = jax.default_backend()
   if platform == "gpu":
-    if unable(kind, "tokamax", args, global_tokens=global_tokens, causal=causal) is None:
+    if (unable(kind, "tokamax", args, global_tokens=global_tokens, causal=causal) is None
+        and (kind != "band" or _tokamax_window_kernel())):
       return "tokamax"
     if unable(kind, "pallas", args, global_tokens=global_tokens, causal=causal) is None:
       return "pallas"

@@ -16,7 +16,7 @@ what it skipped. LRA runs, their generated data and the step grid's own files go
   difference shows here first), a float32 matmul against a float64 reference at precision
   highest and at the default precision (TF32 on Hopper).
 - `tests` (device_runs.py): pytest on the attention, model, kinds, training-step and checkpoint
-  test files (`device_runs.TEST_FILES`, those present) with `-m "not slow"`, `-n 4` and
+  test files (`device_runs.TEST_FILES`, those present) with `-m "not slow"`, `-n 8` and
   `XLA_PYTHON_CLIENT_PREALLOCATE=false`; counts per file and the failing tests in the jsonl
   (from the junit xml, or from pytest's `-v` lines when the budget stopped it).
 - `speed` (benchmarks/device_speed.py): forward and forward+backward time of band (window 256

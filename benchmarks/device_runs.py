@@ -142,7 +142,7 @@ def part_tests(rec: Recorder, budget: Budget, toy: bool, out: str) -> None:
   absent = [n for n in names if n not in present]
   xml = os.path.join(out, "tests-junit.xml")
   cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:randomly",
-         "-m", "not slow", f"--junitxml={xml}", *([] if toy else ["-n", "4"]), *files]
+         "-m", "not slow", f"--junitxml={xml}", *([] if toy else ["-n", "8"]), *files]
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONUNBUFFERED="1")
   rec.log(f"$ {shlex.join(cmd)}  (absent: {', '.join(absent) or 'none'})")
   t0 = time.monotonic()

@@ -152,17 +152,32 @@ def _kind_function(case: dict, n: int, batch: int, heads: int, head_dim: int, dt
   return (lambda q, k, v: fn(q, k, v, **kwargs)), backend
 
 
-def _peer_function(peer: str, head_dim: int) -> Callable:
+def _peer_function(peer: str, head_dim: int, dtype) -> Callable:
+  """The peer called directly: cuDNN through jax, or tokamax with the implementations of its
+  default order that build on this jax (`tokamax_backend.implementations`: tokamax 0.0.12's
+  own default fails on jax 0.11)."""
   import jax
 
   if peer == "cudnn":
     return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn")
-  import tokamax
-  from absl import flags
+  from attention import tokamax_backend
 
-  if not flags.FLAGS.is_parsed():   # tokamax reads absl flags, which would parse our argv
-    flags.FLAGS.mark_as_parsed()
-  return lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation=None)
+  tokamax = tokamax_backend._tokamax()
+  implementation = tokamax_backend.implementations(dtype, head_dim)
+  return lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation=implementation)
+
+
+def _tokamax_implementations(dtype, head_dim: int, case: dict) -> list[str] | str:
+  """What tokamax was asked for at a point whose backend is tokamax (the record says which of
+  its kernels could run)."""
+  from attention import tokamax_backend
+
+  window = None
+  if case.get("kind") == "band":
+    w = case["args"](1, 1)["window"]
+    window = (w, w)
+  got = tokamax_backend.implementations(dtype, head_dim, window=window)
+  return got if isinstance(got, str) else list(got)
 
 
 def _time(fn: Callable, args: tuple, reps: int, seconds: float) -> float:
@@ -331,12 +346,14 @@ def speed_worker(rec: Recorder, budget: Budget, toy: bool, out: str) -> None:
         t0 = time.monotonic()
         try:
           if "peer" in case:
-            attend, backend = _peer_function(case["peer"], head_dim), case["peer"]
+            attend, backend = _peer_function(case["peer"], head_dim, dtype), case["peer"]
             row["implementation"] = case["peer"]
           else:
             attend, backend = _kind_function(case, n, batch, heads, head_dim, dtype, "auto")
             row["implementation"] = "auto"
           row["backend"] = backend
+          if backend == "tokamax":
+            row["tokamax_implementations"] = _tokamax_implementations(dtype, head_dim, case)
           row.update(measure_point(attend, n, batch, heads, head_dim, dtype, reps, seconds,
                                    memory_limit))
           row["status"] = "ok"

@@ -186,6 +186,100 @@ def test_tokamax_band_refuses_what_its_window_cannot_express():
     tokamax_backend.dot_product_attention(q, q, q, mask=jnp.ones((8, 8), bool))
 
 
+# ---- tokamax implementations that do not build on this jax ----
+# tokamax 0.0.12 on jax 0.11.2 (the H100 of docs/gpu.md): these two errors, raised while tracing.
+BROKEN = {"mosaic": TypeError("Mesh.__init__() got an unexpected keyword argument 'out_shape'"),
+          "triton": AttributeError("pl.dot was deprecated in JAX v0.11.0")}
+
+
+@pytest.fixture
+def fresh_probes():
+  tokamax_backend._usable.cache_clear()
+  yield
+  tokamax_backend._usable.cache_clear()
+
+
+def test_an_implementation_that_does_not_build_is_dropped_once_with_one_log_line(
+    fresh_probes, monkeypatch, caplog):
+  probed = []
+
+  def builds(implementation, dtype, head_dim, causal, window, masked):
+    probed.append((implementation, dtype, head_dim, causal, window, masked))
+    return BROKEN.get(implementation)
+
+  monkeypatch.setattr(tokamax_backend, "_builds", builds)
+  with caplog.at_level("WARNING", logger="attention.tokamax_backend"):
+    got = tokamax_backend.implementations(jnp.bfloat16, 64, window=(8, 8), platform="gpu")
+    assert got == ("cudnn", "xla")
+    assert tokamax_backend.implementations("bfloat16", 64, window=[8, 8],
+                                           platform="gpu") == got
+  assert [p[0] for p in probed] == ["mosaic", "triton", "cudnn"]   # xla is never probed
+  assert probed[0][1:] == ("bfloat16", 64, False, (8, 8), False)
+  lines = [r.getMessage() for r in caplog.records]
+  assert len(lines) == 2 and "mosaic" in lines[0] and "out_shape" in lines[0]
+  assert "triton" in lines[1] and "pl.dot" in lines[1]
+  # Elsewhere than on a GPU: tokamax's XLA implementation, nothing probed.
+  assert tokamax_backend.implementations("float32", 16, platform="cpu") == "xla"
+  assert len(probed) == 3
+
+
+def test_without_a_tokamax_kernel_auto_gives_band_layers_to_pallas(fresh_probes, monkeypatch):
+  monkeypatch.setattr(tokamax_backend, "_builds", lambda i, *a: BROKEN.get(i))
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert not tokamax_backend.fast_kernels()
+  assert backends.choose("band", {"window": 64}, platform="gpu") == "pallas"
+  assert backends.choose("dot_product", platform="gpu") == "tokamax"   # cuDNN, then XLA
+  assert backends.choose("flash", platform="gpu") == "tokamax"
+  monkeypatch.setattr(tokamax_backend, "_builds", lambda i, *a: None)
+  tokamax_backend._usable.cache_clear()
+  assert tokamax_backend.fast_kernels()
+  assert backends.choose("band", {"window": 64}, platform="gpu") == "tokamax"
+
+
+def test_the_calls_ask_tokamax_for_what_builds_and_stay_exact(fresh_probes, monkeypatch):
+  monkeypatch.setattr(tokamax_backend, "_builds", lambda i, *a: BROKEN.get(i))
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  real = tokamax_backend._tokamax()
+  asked = []
+
+  class Spy:
+    def dot_product_attention(self, *args, implementation, **kwargs):
+      asked.append(implementation)
+      return real.dot_product_attention(*args, implementation="xla", **kwargs)
+
+  monkeypatch.setattr(tokamax_backend, "_tokamax", Spy)
+  rng = np.random.default_rng(8)
+  q, k, v, _ = _inputs(rng, 2, 37, 2, 8)
+  key_mask = _key_mask(rng, 2, 37)
+  got = tokamax_backend.band_attention(q, k, v, window=5, key_mask=key_mask)
+  want = attention.dot_product_attention(
+      q, k, v, mask=masks.longformer_mask(37, window=5, key_mask=key_mask), key_mask=key_mask)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  assert asked == [("cudnn", "xla")]
+
+
+def test_a_probe_keeps_what_compiles_or_refuses_and_drops_any_other_error(monkeypatch):
+  real = tokamax_backend._tokamax()
+
+  class Stub:
+    def dot_product_attention(self, q, k, v, *, implementation, **kwargs):
+      if implementation in BROKEN:
+        raise BROKEN[implementation]
+      if implementation == "cudnn":
+        raise NotImplementedError("cudnn takes no float32")    # tokamax moves on by itself
+      return real.dot_product_attention(q, k, v, implementation="xla", **kwargs)
+
+  monkeypatch.setattr(tokamax_backend, "_tokamax", Stub)
+  for implementation in ("mosaic", "triton"):
+    error = tokamax_backend._builds(implementation, "float32", 16, True, None, True)
+    assert error is BROKEN[implementation]
+  assert tokamax_backend._builds("cudnn", "float32", 16, False, (4, 4), False) is None
+  assert tokamax_backend._builds("xla", "float32", 16, False, (4, 4), True) is None
+  monkeypatch.setattr(tokamax_backend, "_tokamax", lambda: real)
+  error = tokamax_backend._builds("no_such_kernel", "float32", 16, False, None, False)
+  assert isinstance(error, ValueError) and "no_such_kernel" in str(error)
+
+
 # ---- the layer and the config ----
 
 @pytest.mark.parametrize("spec,backend", [
