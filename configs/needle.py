@@ -145,3 +145,19 @@ def sweep(add) -> None:
   """Dense, band and band with a global query at size small, causal, one seed."""
   for arg in ("attention=dot_product", "attention=band", "attention=band,global=1"):
     add(config_arg=f"{arg},size=small", seed=0)
+
+
+# The distance figure's kinds (causal): dense, band (reach 2 x 16 = 32 at small), band with the
+# query global, strided sparse, FAVOR+, linear and LSH.
+DISTANCE_KINDS = ("attention=dot_product", "attention=band", "attention=band,global=1",
+                  "attention=sparse", "attention=favor", "attention=linear", "attention=lsh")
+
+
+def sweep_distance(add) -> None:
+  """Accuracy against distance (`lra sweep needle --sweep distance --workdir DIR --parallel 2`,
+  then `python benchmarks/recall_plot.py DIR --plot PNG --reach 32`): each kind of
+  `DISTANCE_KINDS` at size small, trained and tested on distances drawn from 2 .. 255 (the
+  test's accuracy per distance bin is the curve), seeds 0 and 1."""
+  for arg in DISTANCE_KINDS:
+    for seed in (0, 1):
+      add(config_arg=f"{arg},size=small,distance=2-255", seed=seed)

@@ -241,6 +241,35 @@ def test_the_objectives_score_the_query_position_only():
     np.testing.assert_allclose(float(sums[key]), float(want[key]), rtol=1e-5)
 
 
+def test_evaluation_counts_each_needle_in_its_distance_bin():
+  assert needle_task.distance_bins(64) == [(2, 4), (4, 8), (8, 16), (16, 32), (32, 64)]
+  assert needle_task.distance_bins(256)[-1] == (128, 256)
+  assert needle_task.distance_bins(3) == [(2, 4)]
+  task = get_task("needle")
+  batch = _batch(num=40, seed=11)
+  lm = task.build_model(_model_cfg(task), nnx.Rngs(1))
+  sums = task.objective(lm, batch, None)
+  right = np.argmax(np.asarray(lm(batch["inputs"]))[:, -1], -1) == batch["targets"][:, -1]
+  # Each example's distance, from the generator's definition: the key is the one key token
+  # before the query (ids are tokens + 1, keys are tokens below NK).
+  distance = np.array([L - 1 - np.flatnonzero(row[:-1] <= NK)[0] for row in batch["inputs"]])
+  assert set(distance) <= set(DISTANCES) and len(set(distance)) > 2
+  want_correct, want_weight = {}, {}
+  for d, ok, w in zip(distance, right, batch["weights"]):
+    lo = 2 ** int(np.floor(np.log2(d)))
+    want_correct[lo] = want_correct.get(lo, 0) + ok * w
+    want_weight[lo] = want_weight.get(lo, 0) + w
+  for lo, _ in needle_task.distance_bins(L):
+    assert float(sums[f"weight_d{lo}"]) == want_weight.get(lo, 0)
+    assert float(sums[f"correct_d{lo}"]) == want_correct.get(lo, 0)
+  assert "weight_d2" not in task.objective(lm, batch, jax.random.key(0))  # training: none
+  fields = task.result_fields(test_best={k: float(v) for k, v in sums.items()},
+                              test_final=None, final_validation=None, best=None)
+  want = {f"{lo}-{2 * lo - 1}": want_correct[lo] / want_weight[lo] for lo in want_weight
+          if want_weight[lo]}
+  assert fields["test_accuracy_by_distance"] == pytest.approx(want)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_global_query_is_band_attention_with_the_query_global(causal):
   """The global-query layer against dense attention with the Longformer mask of its window,
@@ -318,5 +347,7 @@ def test_two_steps_of_lra_run_give_finite_losses(arg, tmp_path, capsys):
   assert "test needle accuracy" in capsys.readouterr().out
   results = json.loads((work / "results.json").read_text())
   assert 0.0 <= results["test_accuracy"] <= 1.0
+  by_distance = results["test_accuracy_by_distance"]
+  assert by_distance and all(0.0 <= a <= 1.0 for a in by_distance.values())
   losses = [json.loads(line)["loss"] for line in (work / "metrics.jsonl").read_text().splitlines()]
   assert losses and all(np.isfinite(losses))

@@ -13,6 +13,13 @@ generator `lra.data.needle_generator`. `config.model.variant` picks the model:
 Loss and accuracy count the query position only (the mask), so the accuracy is the fraction of
 needles retrieved; the best checkpoint is the one with the highest validation accuracy.
 
+Accuracy by distance: evaluation also sums the needles retrieved per distance bin, the bins
+[2, 4), [4, 8), [8, 16), ... (powers of two, `distance_bins`), with the distance read from the
+inputs (the query's position minus the position of its key, the only earlier copy of it);
+`results.json` holds `test_accuracy_by_distance` ({"LO-HI": accuracy} for the bins with
+needles, of the best checkpoint) and the metrics records `correct_dLO` / `weight_dLO`. One run
+trained on a range of distances thus gives the whole curve of accuracy against distance.
+
 `config.model.global_query` makes the query position a global token of every band layer: band
 attention's own `global_mask` (`attention.band.band_attention`: a global token attends to every
 real key, causal pairs only under `causal`, and every query attends to it), the mechanism LED's
@@ -43,6 +50,26 @@ from models.settings import ModelSettings
 NAME = data.NAME
 MAX_VOCAB = 8192          # the largest data.vocab_size; ids are tokens + 1
 VARIANTS = ("causal", "bidirectional")
+
+
+def distance_bins(length: int) -> list[tuple[int, int]]:
+  """The distance bins of sequences of `length` tokens: [2, 4), [4, 8), ... up to the largest
+  distance, L - 1 (inclusive lower, exclusive upper bounds)."""
+  bins, lo = [], 2
+  while lo <= length - 1:
+    bins.append((lo, 2 * lo))
+    lo *= 2
+  return bins
+
+
+def needle_distance(inputs: jax.Array, query: jax.Array) -> jax.Array:
+  """`[B, L]` ids and `[B]` query positions -> `[B]` distances: the query's position minus the
+  position of the earlier copy of its id (the key; 0 when there is none)."""
+  ids = jnp.take_along_axis(inputs, query[:, None], axis=1)                 # [B, 1]
+  positions = jnp.arange(inputs.shape[1])[None, :]
+  earlier = (inputs == ids) & (positions < query[:, None])
+  key = jnp.max(jnp.where(earlier, positions, -1), axis=1)                  # [B]
+  return jnp.where(key >= 0, query - key, 0)
 
 
 def query_position(key_mask: jax.Array) -> jax.Array:
@@ -130,7 +157,24 @@ class NeedleTask(RecallTask):
       logits = model.encoder.embed.attend(h * (h.shape[-1] ** -0.5))[:, 0]  # [B, V]
     targets = jnp.take_along_axis(batch["targets"], index[:, None], axis=1)[:, 0]
     weights = example_weights(batch) * jnp.max(batch["mask"], axis=1).astype(jnp.float32)
-    return weighted_sums(logits.astype(jnp.float32), targets, weights)
+    sums = weighted_sums(logits.astype(jnp.float32), targets, weights)
+    if rng is None:      # evaluation: needles retrieved per distance bin
+      distance = needle_distance(batch["inputs"], index)
+      correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32) * weights
+      for lo, hi in distance_bins(batch["inputs"].shape[1]):
+        inside = ((distance >= lo) & (distance < hi)).astype(jnp.float32)
+        sums[f"correct_d{lo}"] = jnp.sum(correct * inside)
+        sums[f"weight_d{lo}"] = jnp.sum(weights * inside)
+    return sums
+
+  def result_fields(self, *, test_best, test_final, final_validation, best) -> dict[str, Any]:
+    del test_final, final_validation, best
+    by_distance = {}
+    for key, weight in test_best.items():
+      if key.startswith("weight_d") and weight > 0:
+        lo = int(key[len("weight_d"):])
+        by_distance[f"{lo}-{2 * lo - 1}"] = test_best[f"correct_d{lo}"] / weight
+    return {"test_accuracy_by_distance": by_distance} if by_distance else {}
 
 
 TASK = NeedleTask(name=NAME, vocab_size=MAX_VOCAB + data.OFFSET,

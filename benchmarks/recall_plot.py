@@ -1,0 +1,161 @@
+"""The needle figure: accuracy against distance per attention kind, from a sweep's runs.
+
+  python benchmarks/recall_plot.py DIR [--plot PNG] [--reach N]
+
+DIR holds needle runs (`lra sweep needle --sweep distance --workdir DIR`, or single `lra run
+needle` folders). Each finished run's `results.json` has `test_accuracy_by_distance` (the test
+needles retrieved per distance bin [2, 4), [4, 8), ...; `lra.tasks.needle`), its `config.json`
+the kind, the variant and whether the query was a global token. Runs that differ only in the
+seed are one line: the mean over seeds, with a bar from the lowest to the highest seed.
+
+Prints a Markdown table (one row per kind, one column per bin: mean and, over several seeds,
+the range); `--plot PNG` draws accuracy against distance (log2 axis), one line per kind, chance
+(one in the number of values) dotted, and, with `--reach N`, a vertical line at the band
+models' reach (window x layers). Drawn with Pillow (benchmarks/pillow_canvas.py), as the other
+plots of this repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
+  sys.path[0] = os.path.dirname(HERE)    # benchmarks/attention.py would shadow the package
+
+from benchmarks.lra_speed_plot import COLORS  # noqa: E402
+from benchmarks.pillow_canvas import Axes, Canvas, dashes, load_font  # noqa: E402
+
+
+def label(config: dict) -> str:
+  """A run's line: its kind, `+ global query` when its query was global, `(bidirectional)`."""
+  model = config.get("model", {})
+  text = model.get("attention", {}).get("kind", "?")
+  if model.get("global_query"):
+    text += " + global query"
+  if model.get("variant") == "bidirectional":
+    text += " (bidirectional)"
+  return text
+
+
+def _bin_low(name: str) -> int:
+  return int(name.split("-")[0])
+
+
+def read_runs(root: str) -> tuple[dict[str, dict[int, list[float]]], dict]:
+  """({line: {bin low: [accuracy per seed]}}, one run's data config) of the finished needle runs
+  under `root`, in the order their folders sort."""
+  from launch import results as results_lib
+
+  lines: dict[str, dict[int, list[float]]] = {}
+  data: dict = {}
+  for run in results_lib.find_runs(root):
+    try:
+      with open(os.path.join(run, "results.json")) as f:
+        result = json.load(f)
+      with open(os.path.join(run, "config.json")) as f:
+        config = json.load(f)
+    except (OSError, ValueError):
+      continue                                # not finished, or not a run of its own
+    by_distance = result.get("test_accuracy_by_distance")
+    if result.get("task") != "needle" or not by_distance:
+      continue
+    data = data or config.get("data", {})
+    line = lines.setdefault(label(config), {})
+    for name, accuracy in by_distance.items():
+      line.setdefault(_bin_low(name), []).append(float(accuracy))
+  return lines, data
+
+
+def table(lines: dict[str, dict[int, list[float]]]) -> str:
+  """Markdown: one row per line, one column per distance bin, `mean (lo-hi)` over seeds."""
+  bins = sorted({b for line in lines.values() for b in line})
+  out = ["| kind | seeds | " + " | ".join(f"d {b}-{2 * b - 1}" for b in bins) + " |",
+         "|---|---|" + "---|" * len(bins)]
+  for name, line in lines.items():
+    seeds = max(len(v) for v in line.values())
+    cells = []
+    for b in bins:
+      values = line.get(b)
+      if not values:
+        cells.append("-")
+      elif len(values) == 1:
+        cells.append(f"{values[0]:.3f}")
+      else:
+        cells.append(f"{statistics.mean(values):.3f} ({min(values):.2f}-{max(values):.2f})")
+    out.append(f"| {name} | {seeds} | " + " | ".join(cells) + " |")
+  return "\n".join(out)
+
+
+def plot(lines: dict[str, dict[int, list[float]]], path: str, *, chance: float | None = None,
+         reach: int | None = None, title: str = "") -> Canvas:
+  """Accuracy against distance (log2), one line per kind: the mean over seeds at each bin's
+  middle, a bar over the seeds' range; chance dotted, the band reach a vertical line."""
+  bins = sorted({b for line in lines.values() for b in line})
+  middle = lambda b: (b * 2 - 1 + b) / 2
+  canvas = Canvas((1300, 640))
+  font, small = load_font(20), load_font(15)
+  ax = Axes(canvas, (100, 70, 900, 540), (middle(bins[0]), middle(bins[-1])), (0.0, 1.0),
+            True, False)
+  ax.frame(title or "Needles retrieved against distance", "distance d from the query to the key "
+           "(bins [2^k, 2^(k+1)), log)", "test accuracy", xticks=[middle(b) for b in bins],
+           font=font, small=small, xlabel_of=lambda m: next(
+               f"{b}-{2 * b - 1}" for b in bins if middle(b) == m))
+  draw = canvas.draw
+  if chance is not None:
+    dashes(draw, ax.xy(ax.xlim[0], chance), ax.xy(ax.xlim[1], chance), "#999999", width=2,
+           dash=4)
+  if reach:
+    x, _ = ax.xy(reach, 0.0)
+    draw.line([(x, ax.box[1]), (x, ax.box[3])], fill="#999999", width=2)
+    canvas.text((x + 6, ax.box[1] + 6), f"band reach {reach}", small)
+  legend_x, y = 940, 80
+  for i, (name, line) in enumerate(lines.items()):
+    color = COLORS[i % len(COLORS)]
+    points = [(middle(b), statistics.mean(v)) for b, v in sorted(line.items())]
+    for b, values in line.items():
+      if len(values) > 1:
+        (x, lo), (_, hi) = ax.xy(middle(b), min(values)), ax.xy(middle(b), max(values))
+        draw.line([(x, lo), (x, hi)], fill=color, width=2)
+    ax.series(points, color)
+    draw.line([(legend_x, y + 9), (legend_x + 35, y + 9)], fill=color, width=4)
+    canvas.text((legend_x + 43, y), name, small)
+    y += 26
+  if chance is not None:
+    dashes(draw, (legend_x, y + 9), (legend_x + 36, y + 9), "#999999", width=2, dash=4)
+    canvas.text((legend_x + 43, y), f"chance ({chance:.3f})", small)
+    y += 26
+  canvas.legends.append((legend_x, 80, 1290, y))
+  return canvas.save(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("dir", help="a folder of needle runs (a sweep's workdir)")
+  p.add_argument("--plot", default=None, help="write the figure to this PNG")
+  p.add_argument("--reach", type=int, default=None,
+                 help="draw the band models' reach (window x layers) at this distance")
+  args = p.parse_args(argv)
+  if not os.path.isdir(args.dir):
+    print(f"error: {args.dir} is not a folder of runs.", file=sys.stderr)
+    return 2
+  lines, data = read_runs(args.dir)
+  if not lines:
+    print(f"error: no finished needle run with accuracy by distance under {args.dir}.",
+          file=sys.stderr)
+    return 2
+  print(table(lines))
+  if args.plot:
+    values = data.get("num_values")
+    plot(lines, args.plot, chance=1.0 / values if values else None, reach=args.reach,
+         title=f"Needle retrieval, sequences of {data.get('max_length', '?')} tokens")
+    print(f"wrote {args.plot}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
