@@ -30,6 +30,8 @@ def log_ticks(lo: float, hi: float) -> list[float]:
 
 
 def tick_label(v: float) -> str:
+  if abs(v) < 1e-12:          # zero on a linear axis (or its rounding error)
+    return "0"
   return f"{v:g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.0e}"
 
 
