@@ -332,6 +332,26 @@ def test_configs_build_and_refuse():
     configs.build_config("needle", size="small", arg="variant=sideways")
 
 
+def test_a_log_spread_draws_each_power_of_two_bin_equally_often():
+  spread = configs.build_config("needle", size="small",
+                                arg="distance=2-255,spread=log").data.distances
+  for lo, hi in needle_task.distance_bins(256):          # 7 bins of 128 entries each
+    inside = [d for d in spread if lo <= d < hi]
+    assert len(inside) == 128 and set(inside) == set(range(lo, hi))
+    assert len(set(inside.count(d) for d in range(lo, hi))) == 1   # equally within a bin
+  assert len(spread) == 7 * 128
+  # a range cut inside its bins: bins {2, 3} and {4, 5, 6}, each 6 entries
+  assert configs.build_config("needle", size="small", arg="distance=2-6,spread=log"
+                              ).data.distances == (2, 2, 2, 3, 3, 3, 4, 4, 5, 5, 6, 6)
+  assert configs.build_config("needle", size="small", arg="distance=9,spread=log"
+                              ).data.distances == (9,)
+  for arg, message in (("spread=cubic", "spread=cubic: must be one of uniform, log"),
+                       ("distance=3-1000,length=2048,spread=log", "entries; give a range")):
+    with pytest.raises(ValueError, match=message) as e:
+      configs.build_config("needle", size="small", arg=arg)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("arg", [
     "attention=dot_product", "attention=linformer,variant=bidirectional",
     pytest.param("attention=band,global=1", marks=pytest.mark.slow)])   # global: tested above
