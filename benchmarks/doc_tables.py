@@ -23,7 +23,10 @@ The tables:
     docs/efficiency-paired.jsonl;
   - `longest_sequence: band` and `longest_sequence: band_small` (docs/long_context.md): the
     tables `benchmarks/longest_sequence.py --render` prints from docs/longest_sequence.jsonl,
-    for the models of each block.
+    for the models of each block;
+  - `gpu machine`, `gpu tests`, `gpu speed`, `gpu overtaking` and `gpu targets` (docs/gpu.md):
+    the sections `benchmarks/gpu_report.py docs/gpu/h100-2026-11-27` prints from that records
+    folder.
 Rendering imports no jax and runs nothing.
 """
 
@@ -147,6 +150,29 @@ TABLES = (
 )
 
 
+GPU_RECORDS = "docs/gpu/h100-2026-11-27"
+GPU_SOURCES = tuple(f"{GPU_RECORDS}/{name}" for name in ("env.jsonl", "tests.jsonl", "tests.log",
+                                                         "speed.jsonl"))
+
+
+def gpu_table(section: str) -> Callable[..., str]:
+  """A section of benchmarks/gpu_report.py, rendered from the folder of the GPU_SOURCES."""
+  def render(*paths: str) -> str:
+    from benchmarks import gpu_report
+    folder = os.path.dirname(paths[0])
+    records = gpu_report.load(folder)
+    if section == "tests":
+      return gpu_report.tests_table(records, folder)
+    return getattr(gpu_report, f"{section}_table" if section != "speed" else "speed_tables")(
+        records)
+  return render
+
+
+TABLES += tuple(Table(f"gpu {s}", "docs/gpu.md", f"<!-- gpu {s}: begin -->",
+                      f"<!-- gpu {s}: end -->", GPU_SOURCES, gpu_table(s))
+                for s in ("machine", "tests", "speed", "overtaking", "targets"))
+
+
 def generated(table: Table, root: str = ROOT) -> str:
   return table.render(*(os.path.join(root, s) for s in table.sources))
 
@@ -182,8 +208,9 @@ def main(argv=None) -> int:
       continue
     stale.append(table)
     if not args.check:
+      new = replace(text, table, body)   # before the file is opened: a failure keeps the doc
       with open(path, "w") as f:
-        f.write(replace(text, table, body))
+        f.write(new)
   for table in stale:
     verb = "differs from" if args.check else "rewritten from"
     print(f"{table.doc}: {table.name} {verb} {', '.join(table.sources)}")

@@ -49,6 +49,7 @@ def copy(tmp_path):
   (tmp_path / "docs").mkdir()
   for name in {t.doc for t in doc_tables.TABLES} | {s for t in doc_tables.TABLES
                                                      for s in t.sources}:
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(os.path.join(ROOT, name), tmp_path / name)
   return tmp_path
 
