@@ -1,5 +1,5 @@
 """Needle retrieval: the value of one key-value pair hidden in filler at distance d before a final
-query of its key; a 2-layer causal LM or bidirectional encoder classifier, any attention kind.
+query of its key; a 2-layer causal LM or bidirectional encoder, any attention kind.
 
 `arg` keys: `attention` (default dot_product), `size` (`base`: sequences of 1,024 tokens;
 `small`: sized to train on a 2-core CPU), `window` (one-sided window of the local kinds: 64 at
@@ -165,8 +165,8 @@ def check(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.model.global_query with pos_emb={m.pos_emb!r}: the global-query "
                        f"layer applies rotary or added positions only.")
   if m.pool != "mean":
-    raise ValueError(f"config.model.pool = {m.pool!r}: the needle classifier reads the query "
-                     f"position, so no CLS token: use mean.")
+    raise ValueError(f"config.model.pool = {m.pool!r}: the needle models read the query "
+                     f"position and pool nothing (no CLS token): leave it mean.")
 
 
 def sweep(add) -> None:
@@ -175,10 +175,14 @@ def sweep(add) -> None:
     add(config_arg=f"{arg},size=small", seed=0)
 
 
-# The distance figure's kinds (causal): dense, band (reach 2 x 16 = 32 at small), band with the
-# query global, strided sparse, FAVOR+, linear and LSH.
+# The distance figure's kinds: causal dense, band (reach 2 x 16 = 32 at small), band with the
+# query global, strided sparse, FAVOR+, linear and LSH; bidirectional dense, BigBird, Linformer.
 DISTANCE_KINDS = ("attention=dot_product", "attention=band", "attention=band,global=1",
-                  "attention=sparse", "attention=favor", "attention=linear", "attention=lsh")
+                  "attention=sparse", "attention=favor", "attention=linear", "attention=lsh",
+                  # the kinds that cannot be causal, in the bidirectional variant, with dense
+                  "attention=dot_product,variant=bidirectional",
+                  "attention=bigbird,variant=bidirectional",
+                  "attention=linformer,variant=bidirectional")
 
 
 def sweep_distance(add) -> None:

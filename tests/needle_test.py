@@ -233,9 +233,12 @@ def test_the_objectives_score_the_query_position_only():
     np.testing.assert_allclose(float(sums[key]), float(want[key]), rtol=1e-5)
   assert float(sums["weight"]) == 5
   clf = task.build_model(_model_cfg(task, variant="bidirectional"), nnx.Rngs(0))
+  assert isinstance(clf, needle_task.BidirectionalReader)
   x, _ = clf.encoder(batch["inputs"])
-  logits = clf.head(jax.nn.relu(clf.hidden(x[:, -1])))               # the query's output
-  want = weighted_sums(logits, batch["targets"][:, -1], batch["weights"])
+  assert x.shape == (6, L, 16)                                        # no CLS token
+  embedding = np.asarray(clf.encoder.embed.embedding[...])            # [V, E]
+  logits = (np.asarray(x[:, -1]) / np.sqrt(16)) @ embedding.T        # the query's, tied
+  want = weighted_sums(jnp.asarray(logits), batch["targets"][:, -1], batch["weights"])
   sums = task.objective(clf, batch, None)
   for key in ("loss_sum", "correct", "weight"):
     np.testing.assert_allclose(float(sums[key]), float(want[key]), rtol=1e-5)
