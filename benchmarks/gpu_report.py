@@ -148,7 +148,8 @@ def tests_table(records: dict, folder: str | None = None) -> str:
     pct = budget_percent(folder) if folder else None
     head += (f"; stopped by budget at {pct}% after {r['seconds']:.0f} s" if pct is not None
              else f"; stopped by budget after {r['seconds']:.0f} s")
-  lines = [head + ".", "", "| file | passed | failed | errors | skipped |", "|---|---:|---:|---:|---:|"]
+  lines = [head + ".", "", "| file | passed | failed | errors | skipped |",
+           "|---|---:|---:|---:|---:|"]
   for name, c in r["per_file"].items():
     lines.append(f"| {name} | {c['passed']} | {c['failed']} | {c['errors']} | {c['skipped']} |")
   ran = set(r["per_file"])
