@@ -49,11 +49,10 @@ def _bin_low(name: str) -> int:
 def read_runs(root: str) -> tuple[dict[str, dict[int, list[float]]], dict]:
   """({line: {bin low: [accuracy per seed]}}, one run's data config) of the finished needle runs
   under `root`, in the order their folders sort."""
-  from launch import results as results_lib
-
   lines: dict[str, dict[int, list[float]]] = {}
   data: dict = {}
-  for run in results_lib.find_runs(root):
+  runs = sorted(base for base, _, files in os.walk(root) if "results.json" in files)
+  for run in runs:
     try:
       with open(os.path.join(run, "results.json")) as f:
         result = json.load(f)
