@@ -7,7 +7,9 @@ base, 16 at small), `variant` (`causal`, the default: kinds that cannot be causa
 `bidirectional`: every kind, BigBird and Linformer included), `global` (1: the query is a global
 token of every band layer), `distance` (one distance, `distance=128`, or an inclusive range drawn
 uniformly per example, `distance=64-255`), `spread` (`uniform`, the default, or `log`: each
-power-of-two bin of the distances [2^k, 2^(k+1)) drawn equally often), `length` (the sequence length; 65,536 in principle,
+power-of-two bin of the distances [2^k, 2^(k+1)) drawn equally often), `distractors` (N other
+key-value pairs with other keys in the filler, at most num_keys - 1: the query must match its
+key, not merely find the one value; `--config.data.num_distractors`), `length` (the sequence length; 65,536 in principle,
 memory permitting). The same fields are `--config.model.variant`, `--config.model.global_query`,
 `--config.data.distances` (any tuple of distances, drawn uniformly per example) and
 `--config.data.max_length`. Runs that differ only in these arguments share the default workdir
@@ -92,16 +94,17 @@ def data_config() -> ml_collections.ConfigDict:
       num_keys=128,             # keys [0, num_keys)
       num_values=128,           # values [num_keys, num_keys + num_values): the answers
       distances=(512,),         # d, drawn uniformly per example (get_config sets the range)
+      num_distractors=0,        # other key-value pairs the query's key must be told from
       num_train=100_000, num_val=2_000, num_test=2_000, seed=0,
       download=False)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The needle config for `arg` = "attention=NAME,size=base|small,window=W,variant=causal|
-  bidirectional,global=0|1,distance=D|LO-HI,spread=uniform|log,length=L" (0 or absent: the
-  size's value)."""
+  bidirectional,global=0|1,distance=D|LO-HI,spread=uniform|log,distractors=N,length=L" (0 or
+  absent: the size's value)."""
   p = common.parse_arg(arg, attention="", size=SIZES[0], window=0, variant="causal", length=0,
-                       distance="", spread="uniform", **{"global": False})
+                       distance="", spread="uniform", distractors=0, **{"global": False})
   a = common.task_arg(",".join(f"{k}={p[k]}" for k in ("attention", "size", "window")
                                if p[k]), attention="dot_product", sizes=SIZES)
   if p.variant not in VARIANTS:
@@ -134,6 +137,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if p.length:
     c.data.max_length = p.length
   c.data.distances = parse_distances(p.distance, c.data.max_length, p.spread)
+  c.data.num_distractors = p.distractors
   # config_arg keeps attention, size and window only: the default workdir and `lra results`
   # read it with the arguments every task takes (launch/values.py), so the other arguments
   # show as the fields they set (model.variant, model.global_query, data.distances, ...).
@@ -148,7 +152,8 @@ def check(config: ml_collections.ConfigDict) -> None:
   (`lra.tasks.needle`), as MQAR's are: every kind's config builds."""
   d, m = config.data, config.model
   needle_generator.check(vocab_size=d.vocab_size, seq_len=d.max_length, num_keys=d.num_keys,
-                         num_values=d.num_values, distances=tuple(d.distances))
+                         num_values=d.num_values, distances=tuple(d.distances),
+                         num_distractors=d.get("num_distractors", 0))
   if d.vocab_size > MAX_VOCAB:
     raise ValueError(f"config.data.vocab_size = {d.vocab_size}: the model has rows for at most "
                      f"{MAX_VOCAB} tokens.")
@@ -195,3 +200,14 @@ def sweep_distance(add) -> None:
   for arg in DISTANCE_KINDS:
     for seed in (0, 1):
       add(config_arg=f"{arg},size=small,distance=2-255,spread=log", seed=seed)
+
+
+def sweep_distractors(add) -> None:
+  """Key matching among 15 other pairs (`lra sweep needle --sweep distractors --workdir DIR
+  --parallel 2`): dense, linear, FAVOR+ and band with a global query at size small, distances
+  2 .. 255 spread by bins, seeds 0 and 1. With one pair the value is the only value in the row,
+  and linear and FAVOR+ retrieved every needle of the distance sweep."""
+  for arg in ("attention=dot_product", "attention=linear", "attention=favor",
+              "attention=band,global=1"):
+    for seed in (0, 1):
+      add(config_arg=f"{arg},size=small,distance=2-255,spread=log,distractors=15", seed=seed)

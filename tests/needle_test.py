@@ -31,34 +31,40 @@ V, L, NK, NV = 40, 64, 8, 8
 DISTANCES = (2, 5, 31, 63)
 
 
-def violations(inputs, targets, distance, *, num_keys, num_values, vocab_size):
-  """What breaks the needle definition in one example drawn at `distance` (empty: nothing)."""
+def violations(inputs, targets, distance, *, num_keys, num_values, vocab_size,
+               num_distractors=0):
+  """What breaks the needle definition in one example drawn at `distance` with
+  `num_distractors` other pairs (empty: nothing)."""
   out = []
   n = inputs.size
   q = n - 1
+  pairs = 1 + num_distractors
   is_key = inputs < num_keys
   is_value = (inputs >= num_keys) & (inputs < num_keys + num_values)
   if not is_key[q]:
     out.append("the last token is not a key")
   keys_before = np.flatnonzero(is_key[:q])
-  if keys_before.size != 1:
-    out.append(f"{keys_before.size} keys before the query, not 1")
-  elif inputs[keys_before[0]] != inputs[q]:
-    out.append("the key before the query is not the query's key")
-  elif q - keys_before[0] != distance:
-    out.append(f"the key is at distance {q - keys_before[0]}, not {distance}")
+  matching = keys_before[inputs[keys_before] == inputs[q]]
+  if keys_before.size != pairs:
+    out.append(f"{keys_before.size} keys before the query, not {pairs}")
+  elif len(set(inputs[keys_before].tolist())) != pairs:
+    out.append("a key appears twice before the query")
+  elif matching.size != 1:
+    out.append(f"the query's key appears {matching.size} times before it, not once")
+  elif q - matching[0] != distance:
+    out.append(f"the key is at distance {q - matching[0]}, not {distance}")
   values = np.flatnonzero(is_value)
-  if values.size != 1:
-    out.append(f"{values.size} values, not 1")
-  elif values[0] != q - distance + 1:
-    out.append("the value does not follow the key")
-  elif targets[q] != inputs[values[0]]:
+  if values.size != pairs:
+    out.append(f"{values.size} values, not {pairs}")
+  elif keys_before.size == pairs and not np.array_equal(values, keys_before + 1):
+    out.append("a value does not follow a key")
+  elif matching.size == 1 and targets[q] != inputs[matching[0] + 1]:
     out.append("the answer is not the paired value")
   if (targets[:q] != 0).any():
     out.append("a scored position before the query")
   if (inputs >= vocab_size).any():
     out.append("a token outside the vocabulary")
-  filler = np.delete(inputs, [q, q - distance, q - distance + 1])
+  filler = np.delete(inputs, [q, *keys_before, *(keys_before + 1)])
   if (filler < num_keys + num_values).any():
     out.append("a filler token among the keys or values")
   return out
@@ -271,6 +277,52 @@ def test_evaluation_counts_each_needle_in_its_distance_bin():
   want = {f"{lo}-{2 * lo - 1}": want_correct[lo] / want_weight[lo] for lo in want_weight
           if want_weight[lo]}
   assert fields["test_accuracy_by_distance"] == pytest.approx(want)
+
+
+def test_distractors_follow_the_definition_and_change_nothing_else():
+  for seq_len, n, distances in ((64, 7, DISTANCES), (9, 1, (2, 8)), (256, 15, tuple(range(2, 256)))):
+    rows = draw(300, seed=4, seq_len=seq_len, num_keys=16, num_values=8, vocab_size=64,
+                distances=distances, num_distractors=n)
+    for inputs, targets in rows:
+      d = needle_generator.distance_of(inputs)
+      assert d in distances
+      assert violations(inputs, targets, d, num_keys=16, num_values=8, vocab_size=64,
+                        num_distractors=n) == []
+  # the checker catches a distractor carrying the query's key, and a missing distractor
+  inputs, targets = draw(1, seed=5, num_keys=16, num_values=8, vocab_size=64,
+                         num_distractors=3)[0]
+  d = needle_generator.distance_of(inputs)
+  kw = dict(num_keys=16, num_values=8, vocab_size=64, num_distractors=3)
+  other = [p for p in np.flatnonzero(inputs[:-1] < 16) if p != inputs.size - 1 - d]
+  slipped = inputs.copy()
+  slipped[other[0]] = inputs[-1]
+  assert violations(slipped, targets, d, **kw)
+  assert violations(inputs, targets, d, **{**kw, "num_distractors": 4})
+  # distractor keys are uniform over the keys but the query's: chi-square of the 16 x 15
+  # off-diagonal counts, 16 x 14 = 224 degrees of freedom (0.999 quantile about 295)
+  rows = draw(3000, seed=6, seq_len=64, num_keys=16, num_values=8, vocab_size=64,
+              num_distractors=1)
+  counts = np.zeros((16, 16))
+  for inputs, _ in rows:
+    keys = inputs[:-1][inputs[:-1] < 16]
+    counts[inputs[-1], keys[keys != inputs[-1]][0]] += 1
+  off = counts[~np.eye(16, dtype=bool)].reshape(16, 15)
+  expected = off.sum(1, keepdims=True) / 15
+  assert ((off - expected) ** 2 / expected).sum() < 295 and np.all(np.diag(counts) == 0)
+  # no distractors: the same draws as without the option
+  for (a, b), (c, e) in zip(draw(20, seed=7), draw(20, seed=7, num_distractors=0)):
+    np.testing.assert_array_equal(a, c) and np.testing.assert_array_equal(b, e)
+  with pytest.raises(ValueError, match=r"num_distractors=8: .* num_keys - 1 = 7\."):
+    draw(1, num_distractors=8)
+  with pytest.raises(ValueError, match="need seq_len >= 4"):
+    draw(1, seq_len=16, num_distractors=4, distances=(5,))
+  config = configs.build_config("needle", size="small", arg="distractors=15")
+  assert config.data.num_distractors == 15
+  assert "_distractors15_" in needle.builder_config(config.data).name
+  assert "distractors" not in needle.builder_config(
+      configs.build_config("needle", size="small").data).name
+  with pytest.raises(ValueError, match="num_distractors=16"):
+    configs.build_config("needle", size="small", arg="distractors=16")
 
 
 @pytest.mark.parametrize("causal", [True, False])
