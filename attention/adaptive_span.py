@@ -104,7 +104,7 @@ def _adaptive_span(q, k, v, span, key_mask, *, window: int, ramp: float, causal:
 def adaptive_span_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, span: jax.Array,
                             max_span: int, ramp: int = DEFAULT_RAMP, causal: bool = False,
                             key_mask: jax.Array | None = None, window: int | None = None,
-                            block: int | None = None) -> jax.Array:
+                            block_size: int | None = None) -> jax.Array:
   """Attention with a learned soft span per head, on a band of the current largest span.
 
   Args:
@@ -115,11 +115,11 @@ def adaptive_span_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, span: j
     key_mask: optional `[B, L]` bool, True = real token.
     window: the band's one-sided window; default `span_window(span, ramp, max_span)`, which
       needs concrete spans (outside jit). Inside jit pass it (static).
-    block: query block size; default the band's block for S + R.
+    block_size: query block size; default the band's block for S + R.
   Returns:
     `[B, L, H, Dv]`; padded queries and queries with no allowed key give 0.
   """
-  block = block or default_block_size(max_span + ramp)
+  block = block_size or default_block_size(max_span + ramp)
   if window is None:
     window = span_window(span, ramp, max_span, block)
   span = jnp.clip(jnp.asarray(span, jnp.float32), 0.0, float(max_span))

@@ -53,6 +53,8 @@ ARGUMENTS: dict[str, tuple[int, str]] = {
     "num_features": (1, "FAVOR+ random features"),
     "num_hashes": (1, "LSH hash rounds"),
     "num_buckets": (1, "LSH buckets"),
+    "max_span": (1, "adaptive span's largest span S, in tokens"),
+    "ramp": (1, "adaptive span's soft-mask ramp R, in tokens"),
 }
 
 
@@ -229,6 +231,14 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          backends=_BLOCK_MASK_BACKENDS,
          no_pattern="its per-layer block layout is not composed with the permutation masks "
                     "yet."),
+    Kind("adaptive_span", "adaptive_span", "adaptive_span_attention", extras="AdaptiveSpan",
+         paper="Adaptive Attention Span (Sukhbaatar et al. 2019)",
+         summary="soft span learned per head, on a band of the largest span",
+         aliases=("adaptive_attention_span",),
+         defaults=lambda window, max_length: {"max_span": max(1, min(max_length, 8192)),
+                                              "ramp": 32},
+         arguments=("block_size", "max_span", "penalty", "ramp", "span_init"),
+         no_pattern="its soft mask weights the pairs of a band; it is not a bool pattern."),
     Kind("entmax", "entmax", "entmax_attention", extras="EntmaxAlpha", cost="quadratic",
          paper="Adaptively Sparse Transformers (Correia et al. 2019)",
          summary="alpha-entmax weights, alpha learned per head: exact zeros",

@@ -44,6 +44,7 @@ from flax import nnx
 from attention import kinds as attention_kinds
 from lra import lock as lock_lib, loop, mesh as mesh_lib, metrics, signals, storage
 from lra import tasks as tasks_lib
+from models import attention_extras as extras_lib
 from lra.optim import learning_rate_schedule, make_optimizer  # noqa: F401 (one re-exported)
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,10 @@ class Trainer:
           sums, task_state = task.objective_with_state(model, batch, rng, state["task"])
         else:
           sums, task_state = objective(model, batch, rng), None
-        return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), (sums, task_state)
+        # Auxiliary terms of the attention layers (adaptive span's L1 on the spans) join the
+        # differentiated loss; the reported sums stay the task's.
+        loss = sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0) + extras_lib.penalty(model)
+        return loss, (sums, task_state)
 
       (_, (sums, task_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
       updates, opt_state = tx.update(grads, state["opt"], state["params"])

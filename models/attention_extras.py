@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -222,6 +223,45 @@ class EntmaxAlpha(Extras):
     if self.fixed is not None:
       return {"alpha": self.fixed}
     return {"alpha": 1 + jax.nn.sigmoid(self.logit[...])}
+
+
+class AdaptiveSpan(Extras):
+  """Adaptive span's z per head (Sukhbaatar et al. 2019): `span_init` (config, default 0, the
+  paper's) tokens, clipped to [0, `max_span`] where used as the paper clips after each update;
+  `penalty` is the L1 weight the trainer's loss multiplies the sum of the spans by
+  (`penalty_terms`). The band's window is a static shape, S + R by default (exact at every
+  span); `window` may be lowered to `attention.adaptive_span.span_window` of the current spans."""
+
+  CONSUMES = ("max_span", "penalty", "ramp", "span_init")
+
+  def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
+               rngs: nnx.Rngs, layer_index: int = 0):
+    del head_dim, layer_index
+    self.max_span = int(args.get("max_span") or max_length)
+    self.ramp = int(args.get("ramp") or 32)
+    self.penalty = float(args.get("penalty") or 0.0)
+    self.num_heads = num_heads
+    self.window = self.max_span + self.ramp
+    init = float(args.get("span_init") or 0.0)
+    self.span = param(rngs, nnx.initializers.constant(init), (num_heads,), ("heads",))
+
+  def penalty_terms(self) -> jax.Array:
+    """The paper's L1 term of this layer: penalty / M * sum of its clipped spans (M heads per
+    layer; the model's penalty sums the layers, as the paper's lambda / M * sum over all z)."""
+    return self.penalty / self.num_heads * jnp.sum(jnp.clip(self.span[...], 0, self.max_span))
+
+  def __call__(self, *, length: int, rng) -> dict[str, Any]:
+    del length, rng
+    return {"span": self.span[...], "max_span": self.max_span, "ramp": self.ramp,
+            "window": self.window}
+
+
+def penalty(model: nnx.Module) -> jax.Array:
+  """The sum of every extras module's `penalty_terms()` in `model` (adaptive span's L1 on the
+  spans), added by the trainer to the loss it differentiates; 0.0 when there is none."""
+  terms = [m.penalty_terms() for _, m in nnx.iter_graph(model)
+           if isinstance(m, Extras) and hasattr(m, "penalty_terms")]
+  return sum(terms, jnp.zeros(()))
 
 
 class BigBirdSeed(Extras):

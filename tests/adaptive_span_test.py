@@ -70,7 +70,7 @@ def test_full_spans_equal_dense_band_reference(causal, length):
   q, k, v, key_mask = inputs(length)
   span = np.full(3, float(max_span))
   got = adaptive_span_attention(q, k, v, span=jnp.asarray(span), max_span=max_span, ramp=ramp,
-                                causal=causal, key_mask=jnp.asarray(key_mask), block=16)
+                                causal=causal, key_mask=jnp.asarray(key_mask), block_size=16)
   want = np_reference(q, k, v, span, ramp, causal, key_mask)
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
 
@@ -81,7 +81,7 @@ def test_random_spans_per_head_equal_dense_reference(causal):
   q, k, v, key_mask = inputs(53, heads=4, seed=1)
   span = np.array([0.0, 2.7, 11.3, 33.9])
   got = adaptive_span_attention(q, k, v, span=jnp.asarray(span), max_span=max_span, ramp=ramp,
-                                causal=causal, key_mask=jnp.asarray(key_mask), block=8)
+                                causal=causal, key_mask=jnp.asarray(key_mask), block_size=8)
   want = np_reference(q, k, v, span, ramp, causal, key_mask)
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
 
@@ -98,7 +98,7 @@ def test_span_gradient_is_nonzero_only_inside_the_ramp():
   q, k, v, _ = inputs(12, heads=2, batch=1, pad=False)
   def loss(span):
     out = adaptive_span_attention(q, k, v, span=span, max_span=40, ramp=4, causal=True,
-                                  window=40, block=8)
+                                  window=40, block_size=8)
     return jnp.sum(out * v)
   g = np.asarray(jax.grad(loss)(jnp.array([3.0, 30.0])))
   assert abs(g[0]) > 1e-4
