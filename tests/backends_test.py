@@ -31,6 +31,7 @@ AUTO = [
     ("sparse", {"pattern": "strided", "stride": 32}, False, ("pallas", "splash", "xla")),
     ("block_local", {"block_size": 32}, False, ("pallas", "splash", "xla")),
     ("block_sparse", {"block_size": 32}, False, ("pallas", "splash", "xla")),
+    ("adaptive_span", {}, False, ("xla", "xla", "xla")),
     ("entmax", {}, False, ("xla", "xla", "xla")),
     ("favor", {}, False, ("xla", "xla", "xla")),
     ("linear", {}, False, ("xla", "xla", "xla")),

@@ -103,8 +103,9 @@ def test_sweep_adds_every_kind_but_exact_copies():
   runs = []
   listops.sweep(lambda **kw: runs.append(kw))
   kinds = {r["config_arg"].split(",")[0].split("=")[1] for r in runs}
-  assert kinds == {"band", "bigbird", "block_local", "block_sparse", "dot_product", "entmax",
-                   "favor", "linear", "linformer", "lsh", "sparse", "synthesizer"}  # not flash
+  assert kinds == {"adaptive_span", "band", "bigbird", "block_local", "block_sparse",
+                   "dot_product", "entmax", "favor", "linear", "linformer", "lsh", "sparse",
+                   "synthesizer"}  # not flash
   assert len(runs) == 3 * len(kinds)
 
 
