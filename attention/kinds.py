@@ -236,7 +236,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          summary="soft span learned per head, on a band of the largest span",
          aliases=("adaptive_attention_span",),
          defaults=lambda window, max_length: {"max_span": max(1, min(max_length, 8192)),
-                                              "ramp": 32},
+                                              "ramp": 32, "penalty": 2e-6, "span_init": 0.0},
          arguments=("block_size", "max_span", "penalty", "ramp", "span_init"),
          no_pattern="its soft mask weights the pairs of a band; it is not a bool pattern."),
     Kind("entmax", "entmax", "entmax_attention", extras="EntmaxAlpha", cost="quadratic",

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax import nnx
+
 from attention.adaptive_span import adaptive_span_attention, span_mask, span_window
 
 
@@ -103,3 +105,21 @@ def test_span_gradient_is_nonzero_only_inside_the_ramp():
   g = np.asarray(jax.grad(loss)(jnp.array([3.0, 30.0])))
   assert abs(g[0]) > 1e-4
   assert g[1] == 0.0
+
+
+def test_the_penalty_is_lambda_over_heads_times_the_clipped_spans_of_every_layer():
+  from models import attention_extras
+
+  def layer(init):
+    return attention_extras.AdaptiveSpan(
+        {"max_span": 10, "ramp": 4, "penalty": 0.5, "span_init": init}, num_heads=4,
+        head_dim=8, max_length=64, rngs=nnx.Rngs(0))
+
+  class Two(nnx.Module):
+    def __init__(self):
+      self.a, self.b = layer(3.0), layer(25.0)   # the second clipped to S = 10
+
+  got = float(attention_extras.penalty(Two()))
+  assert got == pytest.approx(0.5 / 4 * (4 * 3.0 + 4 * 10.0))
+  kwargs = layer(3.0)(length=64, rng=None)
+  assert kwargs["window"] == 14 and kwargs["max_span"] == 10 and kwargs["ramp"] == 4
