@@ -170,6 +170,8 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.attention = ml_collections.ConfigDict(
         {"kind": a.attention, **common.attention_defaults(
             a.attention, window=top, max_length=c.data.max_length)}, type_safe=False)
+    if a.attention == "adaptive_span" and a.size in ("base", "large"):
+      c.model.attention.max_span = 8192   # Sukhbaatar et al.'s small model (R 32, lambda 2e-6)
   # Transformer-XL relative positions, as the Longformer character LM (no parameter depends on
   # the length, so the phases can change it); kinds without them keep sinusoids.
   c.model.pos_emb = "relative" if kinds.get(a.attention).relative else "sinusoidal"

@@ -123,3 +123,13 @@ def test_the_penalty_is_lambda_over_heads_times_the_clipped_spans_of_every_layer
   assert got == pytest.approx(0.5 / 4 * (4 * 3.0 + 4 * 10.0))
   kwargs = layer(3.0)(length=64, rng=None)
   assert kwargs["window"] == 14 and kwargs["max_span"] == 10 and kwargs["ramp"] == 4
+
+
+def test_the_character_lm_configs_take_the_papers_settings():
+  from configs import enwik8
+  base = enwik8.get_config("attention=adaptive_span,size=base")
+  assert (base.model.num_layers, base.model.emb_dim, base.model.num_heads) == (12, 512, 8)
+  span = base.model.attention
+  assert (span.kind, span.max_span, span.ramp, span.penalty) == ("adaptive_span", 8192, 32, 2e-6)
+  small = enwik8.get_config("attention=adaptive_span,size=small")
+  assert small.model.attention.max_span == small.data.max_length and small.data.fallback
