@@ -17,8 +17,10 @@ side (left only when causal), formed by padding the block axis and taking static
 window = ceil(max z) + R rounded up to a block (`span_window`). A static table of relative
 distances `[block, n_key_blocks * block]` gives every in-band (query, key) pair its distance, and
 the per-head log-mask is added to the scores there: there is no `[L, L]` array, and the cost
-follows the largest learned span, not the maximum S. The window is a static shape: the caller
-recomputes it from the current spans (a retrace only when it crosses a block boundary).
+can follow the largest learned span, not the maximum S. The window is a static shape: outside
+jit it is computed from the spans given; inside jit the caller passes it (the model's layer
+passes S + R, exact at every span; lowering it to `span_window` of the current spans costs a
+retrace each time the rounded window changes, not wired into the trainer yet).
 """
 
 from __future__ import annotations
