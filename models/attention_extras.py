@@ -226,10 +226,10 @@ class EntmaxAlpha(Extras):
 
 
 class AdaptiveSpan(Extras):
-  """Adaptive span's z per head (Sukhbaatar et al. 2019): `span_init` (config, default 0, the
-  paper's) tokens, clipped to [0, `max_span`] where used as the paper clips after each update;
-  `penalty` is the L1 weight the trainer's loss multiplies the sum of the spans by
-  (`penalty_terms`). The band's window is a static shape, S + R by default (exact at every
+  """Adaptive span's z per head (Sukhbaatar et al. 2019), z = S * p with p one parameter per
+  head: `span_init` (config, default 0, the paper's) tokens, p clipped to [0, 1] where used as
+  the paper clips after each update; `penalty` is the L1 weight the trainer's loss multiplies
+  the sum of the spans by (`penalty_terms`). The band's window is a static shape, S + R by default (exact at every
   span); `window` may be lowered to `attention.adaptive_span.span_window` of the current spans."""
 
   CONSUMES = ("max_span", "penalty", "ramp", "span_init")
@@ -242,17 +242,23 @@ class AdaptiveSpan(Extras):
     self.penalty = float(args.get("penalty") or 0.0)
     self.num_heads = num_heads
     self.window = self.max_span + self.ramp
-    init = float(args.get("span_init") or 0.0)
+    # z = S * p with p the parameter, as the paper's code: an optimizer step moves z by about
+    # S * learning rate tokens (z itself as the parameter would move by ~1e-3 tokens a step).
+    init = float(args.get("span_init") or 0.0) / self.max_span
     self.span = param(rngs, nnx.initializers.constant(init), (num_heads,), ("heads",))
+
+  def spans(self) -> jax.Array:
+    """z per head in tokens, clipped to [0, S]."""
+    return self.max_span * jnp.clip(self.span[...], 0.0, 1.0)
 
   def penalty_terms(self) -> jax.Array:
     """The paper's L1 term of this layer: penalty / M * sum of its clipped spans (M heads per
     layer; the model's penalty sums the layers, as the paper's lambda / M * sum over all z)."""
-    return self.penalty / self.num_heads * jnp.sum(jnp.clip(self.span[...], 0, self.max_span))
+    return self.penalty / self.num_heads * jnp.sum(self.spans())
 
   def __call__(self, *, length: int, rng) -> dict[str, Any]:
     del length, rng
-    return {"span": self.span[...], "max_span": self.max_span, "ramp": self.ramp,
+    return {"span": self.spans(), "max_span": self.max_span, "ramp": self.ramp,
             "window": self.window}
 
 
