@@ -227,14 +227,10 @@ class EntmaxAlpha(Extras):
 
 class AdaptiveSpan(Extras):
   """Adaptive span's z per head (Sukhbaatar et al. 2019), z = S * p with p one parameter per
-  head: `span_init` (config, default 0, the paper's) tokens. p is used clipped to [0, 1], with
-  the gradient passed straight through the clip: the paper clips the parameter after each
-  update, so its gradient never vanishes; a clip in the forward pass alone has zero gradient
-  once p is below 0, and with spans starting at 0 the L1 term pushed every span there to stay
-  (an enwik8 small run's spans stayed at 0). `penalty` is the L1 weight the trainer's loss
-  multiplies the sum of the spans by (`penalty_terms`). The band's window is a static shape,
-  S + R by default (exact at every span); `window` may be lowered to
-  `attention.adaptive_span.span_window` of the current spans."""
+  head: `span_init` (config, default 0, the paper's) tokens, p clipped to [0, 1] where used as
+  the paper clips after each update; `penalty` is the L1 weight the trainer's loss multiplies
+  the sum of the spans by (`penalty_terms`). The band's window is a static shape, S + R by default (exact at every
+  span); `window` may be lowered to `attention.adaptive_span.span_window` of the current spans."""
 
   CONSUMES = ("max_span", "penalty", "ramp", "span_init")
 
@@ -252,10 +248,8 @@ class AdaptiveSpan(Extras):
     self.span = param(rngs, nnx.initializers.constant(init), (num_heads,), ("heads",))
 
   def spans(self) -> jax.Array:
-    """z per head in tokens, clipped to [0, S]; the gradient with respect to p is S wherever p
-    is (straight through the clip)."""
-    p = self.span[...]
-    return self.max_span * (p + jax.lax.stop_gradient(jnp.clip(p, 0.0, 1.0) - p))
+    """z per head in tokens, clipped to [0, S]."""
+    return self.max_span * jnp.clip(self.span[...], 0.0, 1.0)
 
   def penalty_terms(self) -> jax.Array:
     """The paper's L1 term of this layer: penalty / M * sum of its clipped spans (M heads per
