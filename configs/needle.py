@@ -9,8 +9,8 @@ token of every band layer), `distance` (one distance, `distance=128`, or an incl
 uniformly per example, `distance=64-255`), `spread` (`uniform`, the default, or `log`: each
 power-of-two bin of the distances [2^k, 2^(k+1)) drawn equally often), `distractors` (N other
 key-value pairs with other keys in the filler, at most num_keys - 1: the query must match its
-key, not merely find the one value; `--config.data.num_distractors`), `length` (the sequence length; 65,536 in principle,
-memory permitting). The same fields are `--config.model.variant`, `--config.model.global_query`,
+key, not merely find the one value; `--config.data.num_distractors`), `length` (the sequence
+length; 65,536 in principle, memory permitting). The same fields are `--config.model.variant`, `--config.model.global_query`,
 `--config.data.distances` (any tuple of distances, drawn uniformly per example) and
 `--config.data.max_length`. Runs that differ only in these arguments share the default workdir
 (`workdirs/needle-ATTENTION-SIZE`): give each its own `--workdir`.

@@ -227,10 +227,12 @@ class EntmaxAlpha(Extras):
 
 class AdaptiveSpan(Extras):
   """Adaptive span's z per head (Sukhbaatar et al. 2019), z = S * p with p one parameter per
-  head: `span_init` (config, default 0, the paper's) tokens, p clipped to [0, 1] where used as
-  the paper clips after each update; `penalty` is the L1 weight the trainer's loss multiplies
-  the sum of the spans by (`penalty_terms`). The band's window is a static shape, S + R by default (exact at every
-  span); `window` may be lowered to `attention.adaptive_span.span_window` of the current spans."""
+  head: `span_init` (config, default 0, the paper's) tokens, p clipped to [0, 1] where used
+  (the paper clips the parameter after each update instead; docs/adaptive.md says why that
+  matters); `penalty` is the L1 weight the trainer's loss multiplies the sum of the spans by
+  (`penalty_terms`). The band's window is a static shape, S + R by default (exact at every
+  span); `window` may be lowered to `attention.adaptive_span.span_window` of the current
+  spans."""
 
   CONSUMES = ("max_span", "penalty", "ramp", "span_init")
 

@@ -280,7 +280,8 @@ def test_evaluation_counts_each_needle_in_its_distance_bin():
 
 
 def test_distractors_follow_the_definition_and_change_nothing_else():
-  for seq_len, n, distances in ((64, 7, DISTANCES), (9, 1, (2, 8)), (256, 15, tuple(range(2, 256)))):
+  for seq_len, n, distances in ((64, 7, DISTANCES), (9, 1, (2, 8)),
+                                (256, 15, tuple(range(2, 256)))):
     rows = draw(300, seed=4, seq_len=seq_len, num_keys=16, num_values=8, vocab_size=64,
                 distances=distances, num_distractors=n)
     for inputs, targets in rows:
