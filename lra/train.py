@@ -244,7 +244,8 @@ class Trainer:
 
       (_, (sums, task_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
       updates, opt_state = tx.update(grads, state["opt"], state["params"])
-      params = optax.apply_updates(state["params"], updates)
+      # Parameters kept in a range are projected back into it (adaptive span's spans).
+      params = extras_lib.project(optax.apply_updates(state["params"], updates))
       sums["grad_norm"] = optax.tree.norm(grads)
       new = {"params": params, "opt": opt_state, "step": state["step"] + 1}
       if task_state is not None:

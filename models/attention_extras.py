@@ -272,6 +272,24 @@ def penalty(model: nnx.Module) -> jax.Array:
   return sum(terms, jnp.zeros(()))
 
 
+# Parameters kept in a range after every update, by (owner attribute, parameter name): adaptive
+# span's p in [0, 1] (the paper clamps it after each optimizer step).
+PROJECTED = {("extras", "span"): (0.0, 1.0)}
+
+
+def project(params: Any) -> Any:
+  """`params` (a state or any pytree of them) with every parameter of `PROJECTED` clipped into
+  its range; the trainer applies it after each update. Clipping in the forward pass alone is not
+  the same: below 0 its gradient is 0, and adaptive span's L1 term pushed spans starting at 0
+  there for good (docs/adaptive.md)."""
+  def one(path, x):
+    names = tuple(getattr(k, "key", getattr(k, "name", None)) for k in path)
+    names = names[:-1] if names and names[-1] == "value" else names
+    bounds = PROJECTED.get(names[-2:])
+    return x if bounds is None else jnp.clip(x, *bounds)
+  return jax.tree_util.tree_map_with_path(one, params)
+
+
 class BigBirdSeed(Extras):
   """BigBird's random blocks are fixed by an int seed: `seed` (config) plus the layer index, so
   layers differ and training and evaluation use the same pattern."""

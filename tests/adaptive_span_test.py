@@ -125,6 +125,30 @@ def test_the_penalty_is_lambda_over_heads_times_the_clipped_spans_of_every_layer
   assert kwargs["window"] == 14 and kwargs["max_span"] == 10 and kwargs["ramp"] == 4
 
 
+def test_the_update_projects_the_spans_into_their_range_and_nothing_else():
+  """The trainer projects p back into [0, 1] after each update, as the paper clamps it: a span
+  the L1 term pushes under 0 sits at 0, where the loss's gradient can grow it again."""
+  from models import attention_extras
+
+  class Model(nnx.Module):
+    def __init__(self):
+      self.extras = attention_extras.AdaptiveSpan(
+          {"max_span": 10, "ramp": 4}, num_heads=3, head_dim=8, max_length=64,
+          rngs=nnx.Rngs(0))
+      self.other = nnx.Param(jnp.array([-2.0, 0.5, 3.0]))
+
+  _, params, _ = nnx.split(Model(), nnx.Param, ...)
+  moved = jax.tree_util.tree_map(lambda x: x + jnp.array([-0.3, 0.5, 1.7]), params)
+  for tree in (moved, nnx.to_pure_dict(moved)):          # a state, or its plain dict
+    out = attention_extras.project(tree)
+    span = out["extras"]["span"]
+    np.testing.assert_allclose(span[...] if isinstance(span, nnx.Variable) else span,
+                               [0.0, 0.5, 1.0])
+    other = out["other"]
+    np.testing.assert_allclose(other[...] if isinstance(other, nnx.Variable) else other,
+                               [-2.3, 1.0, 4.7], rtol=1e-6)
+
+
 def test_the_character_lm_configs_take_the_papers_settings():
   from configs import enwik8
   base = enwik8.get_config("attention=adaptive_span,size=base")
