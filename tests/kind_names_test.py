@@ -72,7 +72,8 @@ def test_lra_list_of_an_unknown_kind_is_one_line(capsys):
   assert cli.main(["list", "performers"]) == 2
   captured = capsys.readouterr()
   assert captured.out == "" and captured.err.count("\n") == 1
-  assert captured.err.startswith("error: unknown attention 'performers'; valid names: band")
+  assert captured.err.startswith("error: unknown attention 'performers'; valid names: "
+                                 "adaptive_span, band,")
   assert "performer (favor)" in captured.err
 
 
