@@ -25,6 +25,8 @@ CORE = [
     "tensorboardX==2.6.5",
     "Pillow==13.0.0",
     "tqdm==4.70.1",
+    # Hugging Face checkpoints read as NumPy arrays, without torch (models/pretrained.py).
+    "safetensors==0.8.0",
     # Attention kernels for GPU (Mosaic GPU, Triton, cuDNN) with XLA fallbacks that run anywhere.
     "tokamax==0.0.12",
 ]

@@ -51,12 +51,16 @@ class TokenEmbedding(nnx.Module):
 class PositionEmbedding(nnx.Module):
   """Adds position information to `[B, L, E]` embeddings; `kind` is one of settings.POSITIONS."""
 
-  def __init__(self, kind: str, max_length: int, emb_dim: int, *, rngs: nnx.Rngs):
+  def __init__(self, kind: str, max_length: int, emb_dim: int, *, rngs: nnx.Rngs,
+               offset: int = 0):
     settings.check_choice("pos_emb", kind)
     self.kind = kind
     self.max_length = max_length
+    # A learned table may keep `offset` rows before the first position (RoBERTa's table starts
+    # at padding_idx + 1 = 2): position i reads row offset + i.
+    self.offset = int(offset)
     if kind == "learned":
-      self.table = param(rngs, nnx.initializers.normal(0.02), (max_length, emb_dim),
+      self.table = param(rngs, nnx.initializers.normal(0.02), (max_length + self.offset, emb_dim),
                          ("length", "embed"))
     self.emb_dim = emb_dim
 
@@ -71,7 +75,7 @@ class PositionEmbedding(nnx.Module):
     if self.kind == "sinusoidal":
       table = jnp.asarray(sinusoidal_table(length, self.emb_dim))          # [L, E] constant
     else:
-      table = self.table[...][:length]                                     # [L, E]
+      table = self.table[...][self.offset:self.offset + length]            # [L, E]
     return x + table[None].astype(x.dtype)                                 # [B, L, E]
 
 

@@ -48,12 +48,14 @@ def _policy(remat: str):
 REMAT = {name: _policy(name) for name in settings.REMATS}
 
 
-def _apply_block(block, x, key_mask, rng):
-  return block(x, key_mask, rng=rng)
+def _apply_block(block, x, key_mask, rng, global_mask=None):
+  if global_mask is None:
+    return block(x, key_mask, rng=rng)
+  return block(x, key_mask, rng=rng, global_mask=global_mask)
 
 
 def block_runner(remat: str):
-  """`(block, x, key_mask, rng) -> x`, rematerialised as `remat` (a REMAT name) says.
+  """`(block, x, key_mask, rng, global_mask=None) -> x`, rematerialised as `remat` says.
 
   The rematerialised block is a pure function of its state (`nnx.split`) under
   `jax.checkpoint`; blocks change no state when called, so nothing is written back.
@@ -63,13 +65,13 @@ def block_runner(remat: str):
   if policy is None:
     return _apply_block
 
-  def run(block, x, key_mask, rng):
+  def run(block, x, key_mask, rng, global_mask=None):
     graphdef, state = nnx.split(block)
 
-    def pure(state, x, key_mask, rng):
-      return _apply_block(nnx.merge(graphdef, state), x, key_mask, rng)
+    def pure(state, x, key_mask, rng, global_mask):
+      return _apply_block(nnx.merge(graphdef, state), x, key_mask, rng, global_mask)
 
-    return jax.checkpoint(pure, policy=policy)(state, x, key_mask, rng)
+    return jax.checkpoint(pure, policy=policy)(state, x, key_mask, rng, global_mask)
 
   return run
 
@@ -95,11 +97,16 @@ def dense(rngs: nnx.Rngs, fan_in: int, fan_out: int, names: tuple[str | None, st
       kernel_metadata=metadata(names), bias_metadata=metadata((names[1],)), dtype=dtype)
 
 
-def layer_norm(rngs: nnx.Rngs, dim: int, dtype=None) -> nnx.LayerNorm:
+def layer_norm(rngs: nnx.Rngs, dim: int, dtype=None, eps: float = 1e-6) -> nnx.LayerNorm:
   """nnx.LayerNorm whose scale and bias carry the logical name "embed" (statistics in float32,
-  output in `dtype`)."""
-  return nnx.LayerNorm(dim, rngs=rngs, scale_metadata=metadata(("embed",)),
+  output in `dtype`; `eps` is added to the variance)."""
+  return nnx.LayerNorm(dim, epsilon=eps, rngs=rngs, scale_metadata=metadata(("embed",)),
                        bias_metadata=metadata(("embed",)), dtype=dtype)
+
+
+# settings.ACTIVATIONS name -> the function.
+ACTIVATION = {"gelu_tanh": jax.nn.gelu, "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+              "relu": jax.nn.relu}
 
 
 def compute_dtype(cfg: ModelSettings | Mapping[str, Any]):
@@ -110,35 +117,45 @@ def compute_dtype(cfg: ModelSettings | Mapping[str, Any]):
 
 
 class MLP(nnx.Module):
-  """Dense(mlp_dim) -> GELU -> Dropout -> Dense(emb_dim)."""
+  """Dense(mlp_dim) -> GELU (or `activation`, a settings.ACTIVATIONS name) -> Dropout ->
+  Dense(emb_dim)."""
 
   def __init__(self, emb_dim: int, mlp_dim: int, dropout_rate: float, *, rngs: nnx.Rngs,
-               dtype=None):
+               dtype=None, activation: str = "gelu_tanh"):
+    settings.check_choice("activation", activation)
     self.fc1 = dense(rngs, emb_dim, mlp_dim, ("embed", "mlp"), dtype)
     self.fc2 = dense(rngs, mlp_dim, emb_dim, ("mlp", "embed"), dtype)
     self.dropout_rate = dropout_rate
+    self.activation = activation
 
   def __call__(self, x: jax.Array, *, rng=None) -> jax.Array:
-    h = jax.nn.gelu(self.fc1(x))                                           # [B, L, M]
+    h = ACTIVATION[self.activation](self.fc1(x))                           # [B, L, M]
     return self.fc2(dropout(h, self.dropout_rate, rng))                    # [B, L, E]
 
 
 def _attention(s: ModelSettings, spec, *, max_length, causal, shared_extras, layer_index, rngs):
   return MultiHeadAttention(
       s.emb_dim, s.num_heads, s.qkv_dim, spec, max_length=max_length, causal=causal,
-      shared_extras=shared_extras, layer_index=layer_index, positions=s.positions, rngs=rngs)
+      shared_extras=shared_extras, layer_index=layer_index, positions=s.positions,
+      bias=s.attention_bias, global_projections=s.global_projections, rngs=rngs)
+
+
+def _mlp(s: ModelSettings, rngs: nnx.Rngs) -> MLP:
+  return MLP(s.emb_dim, s.mlp_dim, s.dropout, rngs=rngs, dtype=compute_dtype(s),
+             activation=s.activation)
 
 
 class AttentionSublayer(nnx.Module):
   """x + Dropout(Attention(LN(x))): an "s" of a reordered stack."""
 
   def __init__(self, s: ModelSettings, spec: Mapping[str, Any], *, rngs: nnx.Rngs, **kw):
-    self.ln_attn = layer_norm(rngs, s.emb_dim, compute_dtype(s))
+    self.ln_attn = layer_norm(rngs, s.emb_dim, compute_dtype(s), s.layer_norm_eps)
     self.attention = _attention(s, spec, rngs=rngs, **kw)
     self.dropout_rate = s.dropout
 
-  def __call__(self, x: jax.Array, key_mask, *, rng=None) -> jax.Array:
-    h = self.attention(self.ln_attn(x), key_mask, rng=_fold(rng, 0))
+  def __call__(self, x: jax.Array, key_mask, *, rng=None, global_mask=None) -> jax.Array:
+    kw = {} if global_mask is None else {"global_mask": global_mask}
+    h = self.attention(self.ln_attn(x), key_mask, rng=_fold(rng, 0), **kw)
     return x + dropout(h, self.dropout_rate, _fold(rng, 1))
 
 
@@ -146,38 +163,47 @@ class FeedForwardSublayer(nnx.Module):
   """x + Dropout(MLP(LN(x))): an "f" of a reordered stack."""
 
   def __init__(self, s: ModelSettings, *, rngs: nnx.Rngs):
-    self.ln_mlp = layer_norm(rngs, s.emb_dim, compute_dtype(s))
-    self.mlp = MLP(s.emb_dim, s.mlp_dim, s.dropout, rngs=rngs, dtype=compute_dtype(s))
+    self.ln_mlp = layer_norm(rngs, s.emb_dim, compute_dtype(s), s.layer_norm_eps)
+    self.mlp = _mlp(s, rngs)
     self.dropout_rate = s.dropout
 
-  def __call__(self, x: jax.Array, key_mask, *, rng=None) -> jax.Array:
+  def __call__(self, x: jax.Array, key_mask, *, rng=None, global_mask=None) -> jax.Array:
+    del global_mask  # the feed-forward sublayer mixes no positions
     h = self.mlp(self.ln_mlp(x), rng=_fold(rng, 2))
     return x + dropout(h, self.dropout_rate, _fold(rng, 3))
 
 
 class Block(nnx.Module):
-  """Pre-LayerNorm transformer block."""
+  """A transformer block: pre-LayerNorm (x + f(LN(x))), or post-LayerNorm (LN(x + f(x)), BERT's
+  order) with `norm="post"`."""
 
   def __init__(self, s: ModelSettings, spec: Mapping[str, Any], *, max_length: int,
                causal: bool = False, shared_extras=None, layer_index: int = 0,
                rngs: nnx.Rngs):
     e = s.emb_dim
     dtype = compute_dtype(s)
-    self.ln_attn = layer_norm(rngs, e, dtype)
+    self.ln_attn = layer_norm(rngs, e, dtype, s.layer_norm_eps)
     self.attention = _attention(s, spec, max_length=max_length, causal=causal,
                                 shared_extras=shared_extras, layer_index=layer_index, rngs=rngs)
-    self.ln_mlp = layer_norm(rngs, e, dtype)
-    self.mlp = MLP(e, s.mlp_dim, s.dropout, rngs=rngs, dtype=dtype)
+    self.ln_mlp = layer_norm(rngs, e, dtype, s.layer_norm_eps)
+    self.mlp = _mlp(s, rngs)
     self.dropout_rate = s.dropout
+    self.post_norm = s.norm == "post"
 
-  def __call__(self, x: jax.Array, key_mask, *, rng=None) -> jax.Array:
-    h = self.attention(self.ln_attn(x), key_mask, rng=_fold(rng, 0))        # [B, L, E]
+  def __call__(self, x: jax.Array, key_mask, *, rng=None, global_mask=None) -> jax.Array:
+    kw = {} if global_mask is None else {"global_mask": global_mask}
+    if self.post_norm:
+      h = self.attention(x, key_mask, rng=_fold(rng, 0), **kw)               # [B, L, E]
+      x = self.ln_attn(x + dropout(h, self.dropout_rate, _fold(rng, 1)))
+      h = self.mlp(x, rng=_fold(rng, 2))
+      return self.ln_mlp(x + dropout(h, self.dropout_rate, _fold(rng, 3)))  # [B, L, E]
+    h = self.attention(self.ln_attn(x), key_mask, rng=_fold(rng, 0), **kw)  # [B, L, E]
     x = x + dropout(h, self.dropout_rate, _fold(rng, 1))
     h = self.mlp(self.ln_mlp(x), rng=_fold(rng, 2))
     return x + dropout(h, self.dropout_rate, _fold(rng, 3))                # [B, L, E]
 
 
-def run_blocks(blocks, x, key_mask, rng, remat: str):
+def run_blocks(blocks, x, key_mask, rng, remat: str, global_mask=None):
   """Applies `blocks` in order (block i gets `_fold(rng, i + 1)`), rematerialised as `remat` says.
 
   With rematerialisation, blocks of one structure (every block unless `layer_attention` makes
@@ -189,14 +215,14 @@ def run_blocks(blocks, x, key_mask, rng, remat: str):
   if REMAT.get(remat, "") is None or len(blocks) == 1:
     run = block_runner(remat)
     for i, block in enumerate(blocks):
-      x = run(block, x, key_mask, _fold(rng, i + 1))
+      x = run(block, x, key_mask, _fold(rng, i + 1), global_mask)
     return x
   split = [nnx.split(block) for block in blocks]
   graphdef = split[0][0]
   if any(g != graphdef for g, _ in split):
     run = block_runner(remat)
     for i, block in enumerate(blocks):
-      x = run(block, x, key_mask, _fold(rng, i + 1))
+      x = run(block, x, key_mask, _fold(rng, i + 1), global_mask)
     return x
   settings.check_choice("remat", remat)
   stacked = jax.tree.map(lambda *a: jnp.stack(a), *(state for _, state in split))
@@ -204,7 +230,7 @@ def run_blocks(blocks, x, key_mask, rng, remat: str):
 
   def body(x, layer):
     state, key = layer
-    return _apply_block(nnx.merge(graphdef, state), x, key_mask, key), None
+    return _apply_block(nnx.merge(graphdef, state), x, key_mask, key, global_mask), None
 
   body = jax.checkpoint(body, policy=REMAT[remat])
   x, _ = jax.lax.scan(body, x, (stacked, keys))
@@ -225,7 +251,13 @@ class Encoder(nnx.Module):
     self.cls_token = cls_token
     max_length = s.max_length + int(cls_token)
     self.embed = TokenEmbedding(s.vocab_size, s.emb_dim, rngs=rngs)
-    self.positions = PositionEmbedding(s.pos_emb, max_length, s.emb_dim, rngs=rngs)
+    self.positions = PositionEmbedding(s.pos_emb, max_length, s.emb_dim, rngs=rngs,
+                                       offset=s.position_offset)
+    self.types = (TokenEmbedding(s.type_vocab_size, s.emb_dim, rngs=rngs)
+                  if s.type_vocab_size else None)
+    self.ln_embed = (layer_norm(rngs, s.emb_dim, compute_dtype(s), s.layer_norm_eps)
+                     if s.embed_norm else None)
+    self.embed_scale = s.embed_scale
     if cls_token:
       self.cls = param(rngs, nnx.initializers.zeros_init(), (s.emb_dim,), ("embed",))
     order = s.order
@@ -250,30 +282,92 @@ class Encoder(nnx.Module):
       attn = iter(blocks)
       blocks = [next(attn) if c == "s" else FeedForwardSublayer(s, rngs=rngs) for c in order]
     self.blocks = nnx.List(blocks)
-    self.ln_final = layer_norm(rngs, s.emb_dim, compute_dtype(s))
+    # Post-LayerNorm blocks end normalised: no final LayerNorm (BERT).
+    self.ln_final = (layer_norm(rngs, s.emb_dim, compute_dtype(s), s.layer_norm_eps)
+                     if s.norm == "pre" else None)
+    self.lm_head = MaskedLMHead(s, rngs=rngs) if s.lm_head else None
     self.dtype = compute_dtype(s)
     self.dropout_rate = s.dropout
     self.remat = s.remat
 
-  def __call__(self, tokens: jax.Array, *, rng=None) -> tuple[jax.Array, jax.Array]:
-    """tokens `[B, L]` int -> (features `[B, L', E]`, key_mask `[B, L']`), L' = L (+1 with CLS)."""
-    key_mask = tokens > 0                                                  # [B, L]
+  def __call__(self, tokens: jax.Array, *, rng=None, key_mask=None, token_types=None,
+               global_mask=None) -> tuple[jax.Array, jax.Array]:
+    """tokens `[B, L]` int -> (features `[B, L', E]`, key_mask `[B, L']`), L' = L (+1 with CLS).
+
+    `key_mask` (`[B, L]` bool, True = real token) defaults to `tokens > 0` (id 0 = padding);
+    `token_types` (`[B, L]` int) needs `type_vocab_size` (type 0 when not given); `global_mask`
+    (`[B, L]` bool) names global tokens to the attention layers (band attention's global tokens;
+    with `global_projections`, Longformer's own projections for them)."""
+    if key_mask is None:
+      key_mask = tokens > 0                                                # [B, L]
+    key_mask = key_mask.astype(bool)
     x = self.embed(tokens)                                                 # [B, L, E]
+    if self.embed_scale != 1.0:
+      x = x * self.embed_scale
+    if self.types is not None:
+      x = x + self.types(jnp.zeros_like(tokens) if token_types is None else token_types)
     if self.cls_token:
       cls = jnp.broadcast_to(self.cls[...], (x.shape[0], 1, x.shape[2])).astype(x.dtype)
       x = jnp.concatenate([cls, x], axis=1)                                # [B, L+1, E]
       key_mask = jnp.concatenate([jnp.ones_like(key_mask[:, :1]), key_mask], axis=1)
-    x = dropout(self.positions(x), self.dropout_rate, _fold(rng, 0)).astype(self.dtype)
+      if global_mask is not None:
+        global_mask = jnp.concatenate([jnp.zeros_like(global_mask[:, :1]), global_mask], axis=1)
+    x = self.positions(x)
+    if self.ln_embed is not None:
+      x = self.ln_embed(x)
+    x = dropout(x, self.dropout_rate, _fold(rng, 0)).astype(self.dtype)
     split = sequence.devices()
     if split > 1:   # the length split over devices: padded to a multiple (exact), then split
+      if global_mask is not None:
+        raise ValueError("global tokens need the whole sequence on each device: use "
+                         "config.mesh.sequence=1.")
       x, key_mask, length = sequence.pad_length(x, key_mask, split)
       x = sequence.split_length(x)
-    x = run_blocks(self.blocks, x, key_mask, rng, self.remat)
-    x = self.ln_final(x)
+    glob = None if global_mask is None else global_mask.astype(bool) & key_mask
+    x = run_blocks(self.blocks, x, key_mask, rng, self.remat, glob)
+    if self.ln_final is not None:
+      x = self.ln_final(x)
     x = jnp.where(key_mask[..., None], x, 0.0)
     if split > 1:
       x, key_mask = x[:, :length], key_mask[:, :length]
     return x, key_mask
+
+  def encode(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+             global_attention_mask: jax.Array | None = None,
+             token_type_ids: jax.Array | None = None) -> jax.Array:
+    """Hugging Face's call: what it names `last_hidden_state`, `[B, L, E]`, in evaluation mode.
+
+    `attention_mask` (`[B, L]`, 1 = real token, 0 = padding; all real when not given) replaces
+    this codebase's padding id 0, so any vocabulary works; padded positions output zeros.
+    Padding must be on the right: position i is the i-th token."""
+    input_ids = jnp.asarray(input_ids)
+    key_mask = (jnp.ones(input_ids.shape, bool) if attention_mask is None
+                else jnp.asarray(attention_mask) > 0)
+    glob = None if global_attention_mask is None else jnp.asarray(global_attention_mask) > 0
+    x, _ = self(input_ids, key_mask=key_mask, token_types=token_type_ids, global_mask=glob)
+    return x
+
+  def mlm_logits(self, x: jax.Array) -> jax.Array:
+    """Masked-LM logits `[B, L, V]` of features `[B, L, E]` through the `lm_head`."""
+    if self.lm_head is None:
+      raise ValueError("this encoder has no masked-LM head: build it with "
+                       "config.model.lm_head=True.")
+    return self.lm_head(x, self.embed)
+
+
+class MaskedLMHead(nnx.Module):
+  """BERT's masked-LM head: Dense(E) -> activation -> LayerNorm -> the tied token embedding,
+  plus a bias per vocabulary entry (RoBERTa's `lm_head`, BERT's `cls.predictions`)."""
+
+  def __init__(self, s: ModelSettings, *, rngs: nnx.Rngs):
+    self.dense = dense(rngs, s.emb_dim, s.emb_dim, ("embed", "mlp"), compute_dtype(s))
+    self.ln = layer_norm(rngs, s.emb_dim, compute_dtype(s), s.layer_norm_eps)
+    self.bias = param(rngs, nnx.initializers.zeros_init(), (s.vocab_size,), ("vocab",))
+    self.activation = s.activation
+
+  def __call__(self, x: jax.Array, embed: TokenEmbedding) -> jax.Array:
+    h = self.ln(ACTIVATION[self.activation](self.dense(x)))                # [B, L, E]
+    return (embed.attend(h) + self.bias[...]).astype(jnp.float32)          # [B, L, V]
 
 
 def pool(x: jax.Array, key_mask: jax.Array, kind: str) -> jax.Array:

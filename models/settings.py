@@ -30,6 +30,12 @@ DTYPES = ("float32", "bfloat16")
 # "none", "block" (recompute each block in the backward pass) or a policy of
 # `jax.checkpoint_policies` that keeps some of a block's values (models/encoder.py REMAT).
 REMATS = ("none", "block", "dots_saveable", "dots_with_no_batch_dims_saveable")
+# Where each block's LayerNorms sit: "pre" (x + f(LN(x)), a final LayerNorm after the last
+# block; our default) or "post" (LN(x + f(x)), no final LayerNorm; BERT, RoBERTa, BART).
+NORMS = ("pre", "post")
+# The MLP's nonlinearity: GELU's tanh approximation (our default), exact (erf) GELU (BERT,
+# RoBERTa, BART), or ReLU.
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu")
 
 # setting -> (its config field, the valid names, what the field means)
 CHOICES: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -38,6 +44,9 @@ CHOICES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "dtype": ("config.dtype", DTYPES, "the activations' dtype (parameters stay float32)"),
     "pos_emb": ("config.model.pos_emb", POSITIONS, "the position embedding"),
     "pool": ("config.model.pool", POOLINGS, "how the classifier pools the sequence"),
+    "norm": ("config.model.norm", NORMS, "where the LayerNorms sit: pre = x + f(LN(x)), post = "
+             "LN(x + f(x))"),
+    "activation": ("config.model.activation", ACTIVATIONS, "the MLP's nonlinearity"),
 }
 
 
@@ -171,6 +180,24 @@ class ModelSettings:
   sandwich: int = 0
   remat: str = "none"
   dtype: str = "float32"
+  # What a pretrained checkpoint's architecture may need (models/pretrained.py); the defaults
+  # are this codebase's own blocks. Biases on the query, key, value and output projections;
+  # the LayerNorms' place and epsilon; the MLP's nonlinearity; a LayerNorm over the embeddings
+  # (BERT's, BART's layernorm_embedding); a factor on the token embeddings (BART's
+  # scale_embedding: sqrt(emb_dim)); token types (BERT; 0 = none); rows of the learned position
+  # table before the first position (RoBERTa's padding_idx + 1 = 2); Longformer's separate
+  # query, key and value projections of global tokens; BERT's masked-LM head (dense, activation,
+  # LayerNorm, the tied embedding and a bias) instead of the scaled tied embedding.
+  attention_bias: bool = False
+  norm: str = "pre"
+  layer_norm_eps: float = 1e-6
+  activation: str = "gelu_tanh"
+  embed_norm: bool = False
+  embed_scale: float = 1.0
+  type_vocab_size: int = 0
+  position_offset: int = 0
+  global_projections: bool = False
+  lm_head: bool = False
   # The classifier heads (Classifier, DualEncoder): None where a model has none.
   pool: str | None = None
   classifier_dim: int | None = None
@@ -196,6 +223,15 @@ class ModelSettings:
     check_heads(self.num_heads, self.qkv_dim)
     check_rotary(self.pos_emb, self.num_heads, self.qkv_dim)
     check_order(self.num_layers, self.sublayers, self.sandwich)
+    if self.norm == "post" and self.order != "sf" * self.num_layers:
+      raise ValueError(f"config.model.norm = 'post' needs the interleaved sublayer order, not "
+                       f"{self.order!r}: leave config.model.sublayers and sandwich unset.")
+    for name in ("type_vocab_size", "position_offset"):
+      value = getattr(self, name)
+      if not (_is_int(value) and value >= 0):
+        raise ValueError(f"config.model.{name} = {value!r}: must be an integer >= 0.")
+    if not self.layer_norm_eps > 0:
+      raise ValueError(f"config.model.layer_norm_eps = {self.layer_norm_eps!r}: must be > 0.")
 
   @classmethod
   def from_mapping(cls, cfg: ModelSettings | Mapping[str, Any]) -> ModelSettings:
@@ -215,11 +251,16 @@ class ModelSettings:
     for name in ("remat", "dtype", "compression"):
       if name in values:
         values[name] = str(values[name])
-    if "same_length" in values:
-      values["same_length"] = bool(values["same_length"])
-    if "rotary_base" in values:
-      values["rotary_base"] = float(values["rotary_base"])
-    for name in ("num_global", "memory_length", "compressed_length", "segment_length",
+    for name in ("same_length", "attention_bias", "embed_norm", "global_projections", "lm_head"):
+      if name in values:
+        values[name] = bool(values[name])
+    for name in ("rotary_base", "layer_norm_eps", "embed_scale"):
+      if name in values:
+        values[name] = float(values[name])
+    for name in ("norm", "activation"):
+      if name in values:
+        values[name] = str(values[name])
+    for name in ("type_vocab_size", "position_offset", "num_global", "memory_length", "compressed_length", "segment_length",
                  "eval_memory_length", "clamp_len", "compression_rate", "decoder_layers",
                  "target_length"):
       if name in values:
@@ -260,6 +301,6 @@ class ModelSettings:
                        count)
 
 
-__all__ = ["CHOICES", "DTYPES", "IN_LAYER", "POOLINGS", "POSITIONS", "REMATS", "REQUIRED",
+__all__ = ["ACTIVATIONS", "CHOICES", "DTYPES", "NORMS", "IN_LAYER", "POOLINGS", "POSITIONS", "REMATS", "REQUIRED",
            "AttentionSpec", "ModelSettings", "check_choice", "check_heads", "check_order",
            "check_rotary", "layer_specs", "sublayer_order"]

@@ -1,0 +1,296 @@
+"""Hugging Face checkpoints in our models: `load(path, **overrides) -> (model, report)`.
+
+Longformer continued RoBERTa's pretraining after swapping in its attention pattern, and LED
+started from BART: researchers start from those checkpoints too. This module reads a local
+Hugging Face checkpoint folder (`config.json` and `model.safetensors`, or the shards that
+`model.safetensors.index.json` lists), read with safetensors' NumPy loader: no torch, and never
+a download, and builds our own model with its weights. What our blocks lack to compute the same
+function is a model setting (`models.settings.ModelSettings`: post-LayerNorm blocks, exact GELU,
+projection biases, token types, RoBERTa's position offset, the embedding LayerNorm, Longformer's
+global projections, BERT's masked-LM head), not a copy of the model.
+
+Supported architectures (`config.json`'s `model_type`):
+
+  * `bert`, `roberta`: our `Encoder` with dense attention (`dot_product`).
+  * `longformer`: our `Encoder` with band attention, one window per layer (Hugging Face's
+    `attention_window` is two-sided: our one-sided window is half of it), and Longformer's
+    separate global projections.
+
+The encoder's `encode(input_ids, attention_mask, global_attention_mask=None,
+token_type_ids=None)` returns what Hugging Face calls `last_hidden_state` (padded positions are
+zeros) and `mlm_logits(x)` the masked-LM logits when the checkpoint has the head. Padding must be
+on the right: our positions count from the first token, as Hugging Face's do for right padding.
+
+`overrides` replace settings of the imported model (`attention={"kind": "band", "window":
+256}`, `max_length=4096`, `dropout=0.0`, ...). A `max_length` beyond the checkpoint's positions
+copies the learned positions over the longer table, as Longformer did (RoBERTa's 512 positions
+tiled to 4,096; the rows before the first position are kept).
+
+A folder that is not such a checkpoint raises `CheckpointError` (a ValueError) with one line
+naming the file, field or tensor and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+SUPPORTED = ("bert", "roberta", "longformer")
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "relu": "relu"}
+
+
+class CheckpointError(ValueError):
+  """A checkpoint folder that cannot be imported; the message is one line."""
+
+
+@dataclasses.dataclass
+class Report:
+  """What `load` did: the architecture, the settings built, each tensor's place in our model,
+  the checkpoint's tensors our model has no use for, and notes (positions copied, ...)."""
+
+  architecture: str
+  settings: dict[str, Any]
+  mapped: dict[str, str] = dataclasses.field(default_factory=dict)
+  unused: list[str] = dataclasses.field(default_factory=list)
+  notes: list[str] = dataclasses.field(default_factory=list)
+
+  def __str__(self) -> str:
+    lines = [f"{self.architecture}: {len(self.mapped)} tensors mapped, {len(self.unused)} unused"]
+    lines += [f"  {hf} -> {ours}" for hf, ours in self.mapped.items()]
+    lines += [f"  unused: {name}" for name in self.unused]
+    lines += [f"  note: {note}" for note in self.notes]
+    return "\n".join(lines)
+
+
+def read(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """(config.json as a dict, every tensor of the folder by name as float32 or int arrays)."""
+  if not os.path.isdir(path):
+    raise CheckpointError(f"{path}: not a folder (give a local Hugging Face checkpoint folder "
+                          f"with config.json and model.safetensors).")
+  config_path = os.path.join(path, "config.json")
+  if not os.path.isfile(config_path):
+    raise CheckpointError(f"{config_path}: missing (a Hugging Face checkpoint folder has it).")
+  try:
+    with open(config_path) as f:
+      config = json.load(f)
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"{config_path}: not readable JSON ({e}).") from None
+  if not isinstance(config, dict):
+    raise CheckpointError(f"{config_path}: must hold a JSON object.")
+  from safetensors.numpy import load_file   # imported here: reading configs needs no tensors
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    with open(index) as f:
+      files = sorted(set(json.load(f).get("weight_map", {}).values()))
+  else:
+    files = ["model.safetensors"]
+  tensors: dict[str, np.ndarray] = {}
+  for name in files:
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+      raise CheckpointError(f"{file}: missing (only safetensors checkpoints are read: save with "
+                            f"save_pretrained(..., safe_serialization=True)).")
+    try:
+      tensors.update(load_file(file))
+    except Exception as e:  # safetensors raises its own error types for damaged files
+      raise CheckpointError(f"{file}: not a readable safetensors file ({e}).") from None
+  return config, tensors
+
+
+def _field(config: dict[str, Any], name: str, path: str, default: Any = None) -> Any:
+  value = config.get(name, default)
+  if value is None:
+    raise CheckpointError(f"{path}/config.json: field {name!r} is missing (a "
+                          f"{config.get('model_type')} config has it).")
+  return value
+
+
+def _activation(config: dict[str, Any], path: str) -> str:
+  act = config.get("hidden_act", "gelu")
+  if act not in ACTIVATIONS:
+    raise CheckpointError(f"{path}/config.json: hidden_act = {act!r} is not supported; "
+                          f"supported: {', '.join(ACTIVATIONS)}.")
+  return ACTIVATIONS[act]
+
+
+def encoder_settings(config: dict[str, Any], path: str = ".") -> dict[str, Any]:
+  """Our `config.model` settings of a BERT, RoBERTa or Longformer `config.json`."""
+  kind = config.get("model_type")
+  hidden = int(_field(config, "hidden_size", path))
+  layers = int(_field(config, "num_hidden_layers", path))
+  offset = 0 if kind == "bert" else int(_field(config, "pad_token_id", path)) + 1
+  positions = int(_field(config, "max_position_embeddings", path))
+  pos_type = config.get("position_embedding_type", "absolute")
+  if pos_type != "absolute":
+    raise CheckpointError(f"{path}/config.json: position_embedding_type = {pos_type!r} is not "
+                          f"supported; only absolute positions are.")
+  out = dict(
+      vocab_size=int(_field(config, "vocab_size", path)), max_length=positions - offset,
+      num_layers=layers, num_heads=int(_field(config, "num_attention_heads", path)),
+      emb_dim=hidden, qkv_dim=hidden, mlp_dim=int(_field(config, "intermediate_size", path)),
+      dropout=float(config.get("hidden_dropout_prob", 0.0)), pos_emb="learned",
+      attention={"kind": "dot_product"}, attention_bias=True, norm="post",
+      layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
+      activation=_activation(config, path), embed_norm=True,
+      type_vocab_size=int(config.get("type_vocab_size", 0) or 0), position_offset=offset)
+  if kind == "longformer":
+    window = _field(config, "attention_window", path)
+    windows = list(window) if isinstance(window, (list, tuple)) else [window] * layers
+    if len(windows) != layers or any(int(w) % 2 or int(w) <= 0 for w in windows):
+      raise CheckpointError(f"{path}/config.json: attention_window = {window!r}: must be one "
+                            f"positive even size or one per layer ({layers}).")
+    out["attention"] = {"kind": "band", "window": int(windows[0]) // 2}
+    out["layer_attention"] = tuple({"window": int(w) // 2} for w in windows)
+    out["global_projections"] = True
+  return out
+
+
+# How a tensor becomes one of ours, by name: (its Hugging Face shape given ours, the map).
+#   copy: the same array; heads: a bias [H*Dh] -> [H, Dh]; linear: a torch Linear weight
+#   [out, in] -> our kernel [in, out] (the query [E, H, Dh]); heads_out: the output projection's
+#   weight [E, H*Dh] -> [H, Dh, E].
+TRANSFORMS: dict[str, tuple[Callable[[tuple[int, ...]], tuple[int, ...]],
+                            Callable[[np.ndarray, tuple[int, ...]], np.ndarray]]] = {
+    "copy": (lambda shape: shape, lambda w, shape: w),
+    "heads": (lambda shape: (int(np.prod(shape)),), lambda w, shape: w.reshape(shape)),
+    "linear": (lambda shape: (int(np.prod(shape[1:])), shape[0]),
+               lambda w, shape: w.T.reshape(shape)),
+    "heads_out": (lambda shape: (shape[-1], int(np.prod(shape[:-1]))),
+                  lambda w, shape: w.T.reshape(shape)),
+}
+
+
+def _encoder_entries(prefix: str, config: dict[str, Any], *, lm: str | None
+                     ) -> list[tuple[str, str, str]]:
+  """(Hugging Face name, our path, transform) of every tensor of a BERT-family encoder."""
+  e = [(f"{prefix}embeddings.word_embeddings.weight", "embed.embedding", "copy"),
+       (f"{prefix}embeddings.position_embeddings.weight", "positions.table", "copy"),
+       (f"{prefix}embeddings.LayerNorm.weight", "ln_embed.scale", "copy"),
+       (f"{prefix}embeddings.LayerNorm.bias", "ln_embed.bias", "copy")]
+  if config.get("type_vocab_size"):
+    e.append((f"{prefix}embeddings.token_type_embeddings.weight", "types.embedding", "copy"))
+  names = ["query", "key", "value"]
+  if config.get("model_type") == "longformer":
+    names += ["query_global", "key_global", "value_global"]
+  for i in range(int(config["num_hidden_layers"])):
+    hf, ours = f"{prefix}encoder.layer.{i}.", f"blocks.{i}."
+    for n in names:
+      e.append((f"{hf}attention.self.{n}.weight", f"{ours}attention.{n}", "linear"))
+      e.append((f"{hf}attention.self.{n}.bias", f"{ours}attention.{n}_bias", "heads"))
+    e += [(f"{hf}attention.output.dense.weight", f"{ours}attention.out", "heads_out"),
+          (f"{hf}attention.output.dense.bias", f"{ours}attention.out_bias", "copy"),
+          (f"{hf}attention.output.LayerNorm.weight", f"{ours}ln_attn.scale", "copy"),
+          (f"{hf}attention.output.LayerNorm.bias", f"{ours}ln_attn.bias", "copy"),
+          (f"{hf}intermediate.dense.weight", f"{ours}mlp.fc1.kernel", "linear"),
+          (f"{hf}intermediate.dense.bias", f"{ours}mlp.fc1.bias", "copy"),
+          (f"{hf}output.dense.weight", f"{ours}mlp.fc2.kernel", "linear"),
+          (f"{hf}output.dense.bias", f"{ours}mlp.fc2.bias", "copy"),
+          (f"{hf}output.LayerNorm.weight", f"{ours}ln_mlp.scale", "copy"),
+          (f"{hf}output.LayerNorm.bias", f"{ours}ln_mlp.bias", "copy")]
+  if lm == "roberta":      # RobertaLMHead / LongformerLMHead
+    e += [("lm_head.dense.weight", "lm_head.dense.kernel", "linear"),
+          ("lm_head.dense.bias", "lm_head.dense.bias", "copy"),
+          ("lm_head.layer_norm.weight", "lm_head.ln.scale", "copy"),
+          ("lm_head.layer_norm.bias", "lm_head.ln.bias", "copy"),
+          ("lm_head.bias", "lm_head.bias", "copy")]
+  elif lm == "bert":       # BertOnlyMLMHead
+    e += [("cls.predictions.transform.dense.weight", "lm_head.dense.kernel", "linear"),
+          ("cls.predictions.transform.dense.bias", "lm_head.dense.bias", "copy"),
+          ("cls.predictions.transform.LayerNorm.weight", "lm_head.ln.scale", "copy"),
+          ("cls.predictions.transform.LayerNorm.bias", "lm_head.ln.bias", "copy"),
+          ("cls.predictions.bias", "lm_head.bias", "copy")]
+  return e
+
+
+# Tensors a checkpoint may hold that are the same as others (tied) or that our encoder does not
+# compute (BERT's pooler, the position ids buffer).
+_TIED_OR_UNUSED = ("lm_head.decoder.weight", "lm_head.decoder.bias",
+                   "cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+
+
+def _prefix(kind: str, tensors: dict[str, np.ndarray]) -> str:
+  """'' for a base-model checkpoint, 'bert.' / 'roberta.' / 'longformer.' for a head model's."""
+  head = f"{kind}."
+  return head if any(name.startswith(head) for name in tensors) else ""
+
+
+def _lm(kind: str, tensors: dict[str, np.ndarray]) -> str | None:
+  if "lm_head.bias" in tensors or "lm_head.dense.weight" in tensors:
+    return "roberta"
+  if "cls.predictions.bias" in tensors:
+    return "bert"
+  return None
+
+
+def _target(model, path: str):
+  node = model
+  for part in path.split("."):
+    node = node[int(part)] if part.isdigit() else getattr(node, part)
+  return node
+
+
+def _tile_positions(table: np.ndarray, offset: int, rows: int) -> np.ndarray:
+  """Longformer's copy: the rows after `offset` repeated to fill `rows` positions."""
+  body = table[offset:]
+  reps = -(-rows // body.shape[0])
+  return np.concatenate([table[:offset], np.tile(body, (reps, 1))[:rows]], axis=0)
+
+
+def load(path: str, **overrides: Any):
+  """`(model, report)`: our model with the weights of the Hugging Face checkpoint at `path`.
+
+  `overrides`: settings replacing the imported ones (module docstring); `seed` seeds whatever
+  the checkpoint does not hold (none for the supported encoders)."""
+  from flax import nnx
+
+  from models.encoder import Encoder
+  from models.settings import ModelSettings
+
+  config, tensors = read(path)
+  kind = config.get("model_type")
+  if kind not in SUPPORTED:
+    raise CheckpointError(f"{path}/config.json: model_type = {kind!r} is not supported; "
+                          f"supported: {', '.join(SUPPORTED)}.")
+  seed = int(overrides.pop("seed", 0))
+  values = encoder_settings(config, path)
+  prefix, lm = _prefix(kind, tensors), _lm(kind, tensors)
+  values["lm_head"] = lm is not None
+  source_length = values["max_length"]
+  values.update(overrides)
+  try:
+    settings = ModelSettings.from_mapping(values)
+  except ValueError as e:
+    raise CheckpointError(f"{path}: {e}") from None
+  model = Encoder(settings, rngs=nnx.Rngs(seed))
+  report = Report(kind, settings.as_dict())
+  offset = settings.position_offset
+  for hf, ours, how in _encoder_entries(prefix, config, lm=lm):
+    if hf not in tensors:
+      raise CheckpointError(f"{path}: tensor {hf!r} is missing (a {kind} checkpoint with this "
+                            f"config.json has it).")
+    value = np.asarray(tensors[hf], np.float32)
+    variable = _target(model, ours)
+    shape = tuple(variable.value.shape)
+    if ours == "positions.table" and shape[0] != value.shape[0]:
+      if value.shape[0] - offset != source_length:
+        raise CheckpointError(f"{path}: tensor {hf!r} has {value.shape[0]} rows, but "
+                              f"config.json's max_position_embeddings says "
+                              f"{source_length + offset}.")
+      value = _tile_positions(value, offset, shape[0] - offset)
+      report.notes.append(f"positions: {source_length} copied to {shape[0] - offset}")
+    hf_shape, transform = TRANSFORMS[how]
+    if tuple(value.shape) != hf_shape(shape):
+      raise CheckpointError(f"{path}: tensor {hf!r} has shape {tuple(value.shape)}, but this "
+                            f"config.json makes it {hf_shape(shape)} (our {ours}: {shape}).")
+    variable.value = transform(value, shape).astype(variable.value.dtype)
+    report.mapped[hf] = ours
+  report.unused = sorted(n for n in tensors if n not in report.mapped)
+  return model, report
+
+
+__all__ = ["CheckpointError", "Report", "SUPPORTED", "encoder_settings", "load", "read"]
