@@ -361,11 +361,12 @@ def _record_random_blocks(model):
 
 def bigbird(out):
   torch.manual_seed(0)
-  cfg = transformers.BigBirdConfig(**_encoder_config(
+  # hidden_act "gelu_new" (tanh GELU) as google/bigbird-roberta-base has it; the others use erf.
+  cfg = transformers.BigBirdConfig(**{**_encoder_config(
     attention_type="block_sparse", block_size=16, num_random_blocks=2,
     max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     sep_token_id=66, type_vocab_size=2, layer_norm_eps=1e-12, rescale_embeddings=False,
-    use_bias=True))
+    use_bias=True), "hidden_act": "gelu_new"})
   model = transformers.BigBirdForMaskedLM(cfg).eval()
   _randomize(model, 10)
   # Longer than (5 + 2 r) * block_size = 144, and 300 is not a multiple of 16 (HF pads to 304).

@@ -9,6 +9,7 @@ and config imply, and that the folder stays small enough to live in the reposito
 """
 
 import json
+import math
 import os
 
 import numpy as np
@@ -163,3 +164,233 @@ def test_seq2seq_shapes(name):
     assert (tokens[:, 1] == gen["greedy"]["forced_bos_token_id"]).all()
   # Not a trivial model: greedy output runs past the forced BOS without stopping at once.
   assert (ref["greedy_tokens"][:, 2] != config["eos_token_id"]).all()
+
+
+# An independent reference: Hugging Face's forward passes written again in float64 NumPy from the
+# equations in their modeling files, read straight from model.safetensors. Matching reference.npz
+# shows the fixtures hold what the docs say HF computes (and gives the importer a plain model of
+# each quirk: RoBERTa's position offset, Longformer's global rows, BigBird's eval-time random
+# blocks). Dense masks stand in for the banded and blocked kernels.
+
+_ERF = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _gelu(x, act):
+  if act == "gelu":
+    return 0.5 * x * (1.0 + _ERF(x / math.sqrt(2.0)))
+  assert act == "gelu_new", act
+  return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _layer_norm(x, w, b, eps):
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu) ** 2).mean(-1, keepdims=True)
+  return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def _linear(t, name, x):
+  out = x @ t[name + ".weight"].astype(np.float64).T
+  if name + ".bias" in t:
+    out = out + t[name + ".bias"]
+  return out
+
+
+def _heads(x, h):
+  b, n, d = x.shape
+  return x.reshape(b, n, h, d // h).transpose(0, 2, 1, 3)
+
+
+def _attend(q, k, v, allowed, log_count=None):
+  """softmax(q k^T / sqrt(dh) + log count) v over allowed keys; rows with none allowed give 0.
+
+  `allowed` is [B, 1 or H, Lq, Lk]; `log_count` adds log(multiplicity) for keys that a
+  gathered kernel visits more than once (BigBird's eval random blocks)."""
+  s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])
+  if log_count is not None:
+    s = s + log_count
+  s = np.where(allowed, s, -np.inf)
+  m = np.max(s, -1, keepdims=True)
+  m = np.where(np.isfinite(m), m, 0.0)
+  p = np.exp(s - m)
+  p = p / np.maximum(p.sum(-1, keepdims=True), 1e-300)
+  out = p @ v
+  b, h, n, dh = out.shape
+  return out.transpose(0, 2, 1, 3).reshape(b, n, h * dh)
+
+
+def _bert_layer(t, pre, x, config, attention):
+  eps = config["layer_norm_eps"]
+  ctx = attention(x)
+  x = _layer_norm(x + _linear(t, pre + "attention.output.dense", ctx),
+                  t[pre + "attention.output.LayerNorm.weight"],
+                  t[pre + "attention.output.LayerNorm.bias"], eps)
+  hid = _gelu(_linear(t, pre + "intermediate.dense", x), config["hidden_act"])
+  return _layer_norm(x + _linear(t, pre + "output.dense", hid),
+                     t[pre + "output.LayerNorm.weight"], t[pre + "output.LayerNorm.bias"], eps)
+
+
+def _qkv(t, pre, x, h, suffix=""):
+  return [_heads(_linear(t, f"{pre}attention.self.{n}{suffix}", x), h)
+          for n in ("query", "key", "value")]
+
+
+def _embed(t, prefix, ids, positions, types, eps):
+  e = t[prefix + "embeddings.word_embeddings.weight"].astype(np.float64)[ids]
+  e = e + t[prefix + "embeddings.position_embeddings.weight"][positions]
+  e = e + t[prefix + "embeddings.token_type_embeddings.weight"][types]
+  return _layer_norm(e, t[prefix + "embeddings.LayerNorm.weight"],
+                     t[prefix + "embeddings.LayerNorm.bias"], eps)
+
+
+def _roberta_positions(ids, pad):
+  """RobertaEmbeddings.create_position_ids_from_input_ids: pad + cumsum over non-pad tokens."""
+  real = (ids != pad).astype(np.int64)
+  return np.cumsum(real, 1) * real + pad
+
+
+def _mlm_head(t, x, config, kind):
+  if kind in ("roberta", "longformer"):
+    dense, norm, bias = "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"
+    act = "gelu"                                      # RobertaLMHead calls gelu() itself
+    emb = f"{kind}.embeddings.word_embeddings.weight"
+  else:
+    dense = "cls.predictions.transform.dense"
+    norm, bias = "cls.predictions.transform.LayerNorm", "cls.predictions.bias"
+    act, emb = config["hidden_act"], "bert.embeddings.word_embeddings.weight"
+  y = _gelu(_linear(t, dense, x), act)
+  y = _layer_norm(y, t[norm + ".weight"], t[norm + ".bias"], config["layer_norm_eps"])
+  return y @ t[emb].astype(np.float64).T + t[bias]
+
+
+def _dense_encoder(t, config, prefix, ids, mask, positions, types):
+  h, eps = config["num_attention_heads"], config["layer_norm_eps"]
+  x = _embed(t, prefix, ids, positions, types, eps)
+  allowed = mask.astype(bool)[:, None, None, :]
+  states = [x]
+  for i in range(config["num_hidden_layers"]):
+    pre = f"{prefix}encoder.layer.{i}."
+    x = _bert_layer(t, pre, x, config, lambda y, pre=pre: _attend(*_qkv(t, pre, y, h), allowed))
+    states.append(x)
+  return x, states
+
+
+def _close(ours, theirs, tol=2e-4):
+  err = np.max(np.abs(ours - theirs))
+  assert err < tol * max(1.0, np.max(np.abs(theirs))), err
+
+
+@pytest.mark.parametrize("name", ["roberta", "bert"])
+def test_numpy_reference_bert_family(name):
+  config, t, ref = _load(name)
+  ids, mask = ref["input_ids"], ref["attention_mask"]
+  if name == "roberta":
+    positions = _roberta_positions(ids, config["pad_token_id"])
+    types = np.zeros_like(ids)
+  else:
+    positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+    types = ref["token_type_ids"]
+  x, states = _dense_encoder(t, config, name + ".", ids, mask, positions, types)
+  _close(x, ref["last_hidden_state"])
+  _close(np.stack(states), ref["hidden_states"])
+  _close(_mlm_head(t, x, config, name), ref["logits"])
+
+
+def _longformer_attention(t, pre, x, h, w, mask, glob):
+  """LongformerSelfAttention as dense masks. x: [B, L, D] (L already padded by HF's rule).
+
+  Local rows: keys |i - j| <= w that are neither padding nor global, plus every global key, all
+  with the ordinary query/key/value projections. Global rows: every non-padding key with
+  query_global/key_global/value_global. Padding rows: zero."""
+  n = x.shape[1]
+  pad = ~mask.astype(bool)
+  band = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) <= w
+  local = (band[None] & ~glob[:, None, :]) | glob[:, None, :]
+  local = (local & ~pad[:, None, :])[:, None]
+  out = _attend(*[_heads(_linear(t, pre + p, x), h) for p in ("query", "key", "value")], local)
+  if glob.any():
+    qg, kg, vg = [_heads(_linear(t, pre + p + "_global", x), h)
+                  for p in ("query", "key", "value")]
+    full = np.broadcast_to(~pad[:, None, None, :], (x.shape[0], 1, n, n))
+    out = np.where(glob[:, :, None], _attend(qg, kg, vg, full), out)
+  return np.where(pad[:, :, None], 0.0, out)
+
+
+def _pad_to(arrays, multiple, values):
+  n = arrays[0].shape[1]
+  extra = (-n) % multiple
+  return [np.pad(a, ((0, 0), (0, extra)), constant_values=v) for a, v in zip(arrays, values)]
+
+
+def test_numpy_reference_longformer():
+  config, t, ref = _load("longformer")
+  n = ref["input_ids"].shape[1]
+  h, pad_id = config["num_attention_heads"], config["pad_token_id"]
+  ids, mask, glob = _pad_to([ref["input_ids"], ref["attention_mask"],
+                             ref["global_attention_mask"]],
+                            max(config["attention_window"]), [pad_id, 0, 0])
+  pos = ref["logits_positions"]
+  for glob_case, suffix in ((glob.astype(bool), ""), (np.zeros_like(glob, bool), "_noglobal")):
+    x = _embed(t, "longformer.", ids, _roberta_positions(ids, pad_id), np.zeros_like(ids),
+               config["layer_norm_eps"])
+    states = [x]
+    for i, window in enumerate(config["attention_window"]):
+      pre = f"longformer.encoder.layer.{i}."
+      x = _bert_layer(t, pre, x, config, lambda y, pre=pre, w=window // 2: _longformer_attention(
+        t, pre + "attention.self.", y, h, w, mask, glob_case))
+      states.append(x)
+    _close(x[:, :n], ref["last_hidden_state" + suffix])
+    _close(_mlm_head(t, x[:, :n], config, "longformer")[:, pos], ref["logits" + suffix])
+    if not suffix:
+      _close(np.stack(states)[:, :, :n], ref["hidden_states"])
+
+
+def _bigbird_log_count(nb, bs, rand, heads):
+  """log(how often each key block is visited) per (head, query block), BigBird block sparse.
+
+  Query blocks 0 and nb-1 see every key once. Block 1 sees key blocks 0, 1, 2, nb-1 and its
+  random blocks rand[h, 0]; block nb-2 sees 0, nb-3, nb-2, nb-1 and rand[h, -1]; middle block q
+  sees 0, q-1, q, q+1, nb-1 and rand[h, q-1]. A block listed twice (in eval all random blocks are
+  block 0) counts twice in the softmax."""
+  count = np.zeros((heads, nb, nb))
+  count[:, 0, :] = count[:, nb - 1, :] = 1
+  for h in range(heads):
+    for q in range(1, nb - 1):
+      fixed = {1: [0, 1, 2, nb - 1], nb - 2: [0, nb - 3, nb - 2, nb - 1]}.get(
+        q, [0, q - 1, q, q + 1, nb - 1])
+      for k in list(fixed) + list(rand[h, q - 1]):
+        count[h, q, k] += 1
+  count = np.repeat(np.repeat(count, bs, 1), bs, 2)
+  with np.errstate(divide="ignore"):
+    return np.log(count)[None]
+
+
+@pytest.mark.parametrize("name", ["bigbird", "bigbird_full"])
+def test_numpy_reference_bigbird(name):
+  config, t, ref = _load(name)
+  n = ref["input_ids"].shape[1]
+  h = config["num_attention_heads"]
+  ids, mask = ref["input_ids"], ref["attention_mask"]
+  sparse = config["attention_type"] == "block_sparse"
+  if sparse:
+    ids, mask = _pad_to([ids, mask], config["block_size"], [config["pad_token_id"], 0])
+  m = ids.shape[1]
+  x = _embed(t, "bert.", ids, np.broadcast_to(np.arange(m), ids.shape), np.zeros_like(ids),
+             config["layer_norm_eps"])
+  real = mask.astype(bool)
+  for i in range(config["num_hidden_layers"]):
+    pre = f"bert.encoder.layer.{i}."
+    if sparse:
+      log_count = _bigbird_log_count(m // config["block_size"], config["block_size"],
+                                     ref["rand_attn"][i], h)
+      allowed = np.isfinite(log_count) & real[:, None, None, :]
+
+      def attention(y, pre=pre, allowed=allowed, log_count=log_count):
+        out = _attend(*_qkv(t, pre, y, h), allowed, np.where(allowed, log_count, 0.0))
+        return np.where(real[:, :, None], out, 0.0)   # context * from_mask
+    else:
+      def attention(y, pre=pre):
+        return _attend(*_qkv(t, pre, y, h), real[:, None, None, :])
+    x = _bert_layer(t, pre, x, config, attention)
+  _close(x[:, :n], ref["last_hidden_state"])
+  logits = _mlm_head(t, x[:, :n], config, "bigbird")
+  _close(logits[:, ref["logits_positions"]], ref["logits"])
