@@ -289,6 +289,7 @@ class Encoder(nnx.Module):
     self.dtype = compute_dtype(s)
     self.dropout_rate = s.dropout
     self.remat = s.remat
+    self.settings = s
 
   def __call__(self, tokens: jax.Array, *, rng=None, key_mask=None, token_types=None,
                global_mask=None) -> tuple[jax.Array, jax.Array]:

@@ -163,6 +163,11 @@ TRANSFORMS: dict[str, tuple[Callable[[tuple[int, ...]], tuple[int, ...]],
     "heads_out": (lambda shape: (shape[-1], int(np.prod(shape[:-1]))),
                   lambda w, shape: w.T.reshape(shape)),
 }
+# The way back (export): our array -> the Hugging Face tensor.
+INVERSES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "copy": lambda w: w, "heads": lambda w: w.reshape(-1),
+    "linear": lambda w: w.reshape(w.shape[0], -1).T,
+    "heads_out": lambda w: w.reshape(-1, w.shape[-1]).T}
 
 
 def _encoder_entries(prefix: str, config: dict[str, Any], *, lm: str | None
@@ -219,6 +224,14 @@ def _prefix(kind: str, tensors: dict[str, np.ndarray]) -> str:
   return head if any(name.startswith(head) for name in tensors) else ""
 
 
+def _check_tied(path: str, prefix: str, tensors: dict[str, np.ndarray]) -> None:
+  words = tensors.get(f"{prefix}embeddings.word_embeddings.weight")
+  for name in ("lm_head.decoder.weight", "cls.predictions.decoder.weight"):
+    if name in tensors and words is not None and not np.array_equal(tensors[name], words):
+      raise CheckpointError(f"{path}: tensor {name!r} differs from the word embeddings: an "
+                            f"untied output embedding is not supported.")
+
+
 def _lm(kind: str, tensors: dict[str, np.ndarray]) -> str | None:
   if "lm_head.bias" in tensors or "lm_head.dense.weight" in tensors:
     return "roberta"
@@ -259,6 +272,7 @@ def load(path: str, **overrides: Any):
   seed = int(overrides.pop("seed", 0))
   values = encoder_settings(config, path)
   prefix, lm = _prefix(kind, tensors), _lm(kind, tensors)
+  _check_tied(path, prefix, tensors)
   values["lm_head"] = lm is not None
   source_length = values["max_length"]
   values.update(overrides)
@@ -275,7 +289,7 @@ def load(path: str, **overrides: Any):
                             f"config.json has it).")
     value = np.asarray(tensors[hf], np.float32)
     variable = _target(model, ours)
-    shape = tuple(variable.value.shape)
+    shape = tuple(variable.get_value().shape)
     if ours == "positions.table" and shape[0] != value.shape[0]:
       if value.shape[0] - offset != source_length:
         raise CheckpointError(f"{path}: tensor {hf!r} has {value.shape[0]} rows, but "
@@ -287,10 +301,76 @@ def load(path: str, **overrides: Any):
     if tuple(value.shape) != hf_shape(shape):
       raise CheckpointError(f"{path}: tensor {hf!r} has shape {tuple(value.shape)}, but this "
                             f"config.json makes it {hf_shape(shape)} (our {ours}: {shape}).")
-    variable.value = transform(value, shape).astype(variable.value.dtype)
+    variable.set_value(transform(value, shape).astype(variable.get_value().dtype))
     report.mapped[hf] = ours
   report.unused = sorted(n for n in tensors if n not in report.mapped)
   return model, report
 
 
-__all__ = ["CheckpointError", "Report", "SUPPORTED", "encoder_settings", "load", "read"]
+def hf_config(model, architecture: str, like: dict[str, Any] | None = None) -> dict[str, Any]:
+  """The `config.json` of our encoder `model` as a Hugging Face `architecture` (bert, roberta,
+  longformer): `like` (the imported checkpoint's config) with the fields our settings fix."""
+  s = model.settings
+  if architecture not in SUPPORTED:
+    raise ValueError(f"architecture = {architecture!r}: must be one of {', '.join(SUPPORTED)}.")
+  wrong = {name: getattr(s, name) for name, want in
+           (("norm", "post"), ("attention_bias", True), ("embed_norm", True),
+            ("pos_emb", "learned"), ("embed_scale", 1.0)) if getattr(s, name) != want}
+  if s.emb_dim != s.qkv_dim:
+    wrong["qkv_dim"] = s.qkv_dim
+  if wrong:
+    raise ValueError(f"this model has no Hugging Face {architecture} equivalent: "
+                     f"{', '.join(f'{k}={v!r}' for k, v in wrong.items())}.")
+  names = {v: k for k, v in ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}
+  config = dict(like or {})
+  offset = s.position_offset
+  config.update(
+      model_type=architecture, vocab_size=s.vocab_size, hidden_size=s.emb_dim,
+      num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads,
+      intermediate_size=s.mlp_dim, hidden_act=names[s.activation],
+      max_position_embeddings=s.max_length + offset, type_vocab_size=s.type_vocab_size,
+      layer_norm_eps=s.layer_norm_eps)
+  if architecture != "bert":
+    if offset < 1:
+      raise ValueError(f"{architecture} positions start at pad_token_id + 1: this model's "
+                       f"position_offset is {offset}.")
+    config["pad_token_id"] = offset - 1
+  elif offset:
+    raise ValueError(f"bert positions start at row 0: this model's position_offset is {offset}.")
+  head = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM",
+          "longformer": "LongformerForMaskedLM"}[architecture]
+  config.setdefault("architectures", [head if s.lm_head else head.replace("ForMaskedLM",
+                                                                            "Model")])
+  if architecture == "longformer":
+    specs = s.layer_specs()
+    if any(spec.get("kind") != "band" or spec.get("dilation", 1) not in (1, None)
+           for spec in specs) or not s.global_projections:
+      raise ValueError("a longformer needs band attention without dilation in every layer "
+                       "and global_projections.")
+    config["attention_window"] = [2 * int(spec["window"]) for spec in specs]
+  return config
+
+
+def export(model, path: str, architecture: str, like: dict[str, Any] | None = None) -> None:
+  """Writes our encoder `model` to the folder `path` as a Hugging Face checkpoint
+  (`config.json`, `model.safetensors`) that `transformers` loads: `architecture` is bert,
+  roberta or longformer; `like` a config to start from (the imported one: import then export
+  gives back every tensor and field). The tied output embedding is not written, as
+  `save_pretrained` does not write it."""
+  from safetensors.numpy import save_file
+  config = hf_config(model, architecture, like)
+  s = model.settings
+  head = "roberta" if architecture != "bert" else "bert"
+  prefix = f"{architecture}." if s.lm_head else ""
+  tensors = {}
+  for hf, ours, how in _encoder_entries(prefix, config, lm=head if s.lm_head else None):
+    tensors[hf] = np.ascontiguousarray(INVERSES[how](np.asarray(_target(model, ours).get_value())),
+                                       np.float32)
+  os.makedirs(path, exist_ok=True)
+  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f, indent=2, sort_keys=True)
+
+
+__all__ = ["CheckpointError", "Report", "SUPPORTED", "encoder_settings", "export", "hf_config",
+           "load", "read"]
