@@ -292,17 +292,21 @@ class Encoder(nnx.Module):
     self.settings = s
 
   def __call__(self, tokens: jax.Array, *, rng=None, key_mask=None, token_types=None,
-               global_mask=None) -> tuple[jax.Array, jax.Array]:
+               global_mask=None, shown_as_mask=None) -> tuple[jax.Array, jax.Array]:
     """tokens `[B, L]` int -> (features `[B, L', E]`, key_mask `[B, L']`), L' = L (+1 with CLS).
 
     `key_mask` (`[B, L]` bool, True = real token) defaults to `tokens > 0` (id 0 = padding);
     `token_types` (`[B, L]` int) needs `type_vocab_size` (type 0 when not given); `global_mask`
     (`[B, L]` bool) names global tokens to the attention layers (band attention's global tokens;
-    with `global_projections`, Longformer's own projections for them)."""
+    with `global_projections`, Longformer's own projections for them); `shown_as_mask` (`[B, L]`
+    bool) shows the [MASK] embedding, the padding id's row, at those positions (BERT's masked
+    LM, `models.pretraining.masked_logits`)."""
     if key_mask is None:
       key_mask = tokens > 0                                                # [B, L]
     key_mask = key_mask.astype(bool)
     x = self.embed(tokens)                                                 # [B, L, E]
+    if shown_as_mask is not None:
+      x = jnp.where(shown_as_mask[..., None], self.embed.embedding[...][0], x)
     if self.embed_scale != 1.0:
       x = x * self.embed_scale
     if self.types is not None:

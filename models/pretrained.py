@@ -254,6 +254,63 @@ def _tile_positions(table: np.ndarray, offset: int, rows: int) -> np.ndarray:
   return np.concatenate([table[:offset], np.tile(body, (reps, 1))[:rows]], axis=0)
 
 
+def checkpoint_settings(path: str, config: dict[str, Any] | None = None,
+                        tensors: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+  """Our model settings of the encoder checkpoint at `path` (read unless given)."""
+  if config is None or tensors is None:
+    config, tensors = read(path)
+  kind = config.get("model_type")
+  if kind not in SUPPORTED:
+    raise CheckpointError(f"{path}/config.json: model_type = {kind!r} is not supported; "
+                          f"supported: {', '.join(SUPPORTED)}.")
+  values = encoder_settings(config, path)
+  prefix = _prefix(kind, tensors)
+  _check_tied(path, prefix, tensors)
+  values["lm_head"] = _lm(kind, tensors) is not None
+  return values
+
+
+def assign(encoder, path: str, config: dict[str, Any] | None = None,
+           tensors: dict[str, np.ndarray] | None = None) -> Report:
+  """Writes the weights of the checkpoint at `path` into our `encoder` (an `Encoder` built
+  with its `checkpoint_settings`, any max_length, attention kind or dropout); its learned
+  positions are copied over a longer table. Returns the report."""
+  if config is None or tensors is None:
+    config, tensors = read(path)
+  kind = config.get("model_type")
+  source = checkpoint_settings(path, config, tensors)
+  prefix, lm = _prefix(kind, tensors), _lm(kind, tensors)
+  if encoder.lm_head is None:
+    lm = None   # a task model's encoder: the masked-LM head is left out
+  report = Report(kind, encoder.settings.as_dict())
+  offset = encoder.positions.offset
+  if offset != source["position_offset"]:
+    raise CheckpointError(f"{path}: this model keeps {offset} rows before the first position, "
+                          f"the checkpoint {source['position_offset']}.")
+  for hf, ours, how in _encoder_entries(prefix, config, lm=lm):
+    if hf not in tensors:
+      raise CheckpointError(f"{path}: tensor {hf!r} is missing (a {kind} checkpoint with this "
+                            f"config.json has it).")
+    value = np.asarray(tensors[hf], np.float32)
+    variable = _target(encoder, ours)
+    shape = tuple(variable.get_value().shape)
+    if ours == "positions.table" and shape[0] != value.shape[0]:
+      if value.shape[0] - offset != source["max_length"]:
+        raise CheckpointError(f"{path}: tensor {hf!r} has {value.shape[0]} rows, but "
+                              f"config.json's max_position_embeddings says "
+                              f"{source['max_length'] + offset}.")
+      value = _tile_positions(value, offset, shape[0] - offset)
+      report.notes.append(f"positions: {source['max_length']} copied to {shape[0] - offset}")
+    hf_shape, transform = TRANSFORMS[how]
+    if tuple(value.shape) != hf_shape(shape):
+      raise CheckpointError(f"{path}: tensor {hf!r} has shape {tuple(value.shape)}, but this "
+                            f"config.json makes it {hf_shape(shape)} (our {ours}: {shape}).")
+    variable.set_value(transform(value, shape).astype(variable.get_value().dtype))
+    report.mapped[hf] = ours
+  report.unused = sorted(n for n in tensors if n not in report.mapped)
+  return report
+
+
 def load(path: str, **overrides: Any):
   """`(model, report)`: our model with the weights of the Hugging Face checkpoint at `path`.
 
@@ -265,46 +322,14 @@ def load(path: str, **overrides: Any):
   from models.settings import ModelSettings
 
   config, tensors = read(path)
-  kind = config.get("model_type")
-  if kind not in SUPPORTED:
-    raise CheckpointError(f"{path}/config.json: model_type = {kind!r} is not supported; "
-                          f"supported: {', '.join(SUPPORTED)}.")
   seed = int(overrides.pop("seed", 0))
-  values = encoder_settings(config, path)
-  prefix, lm = _prefix(kind, tensors), _lm(kind, tensors)
-  _check_tied(path, prefix, tensors)
-  values["lm_head"] = lm is not None
-  source_length = values["max_length"]
-  values.update(overrides)
+  values = {**checkpoint_settings(path, config, tensors), **overrides}
   try:
     settings = ModelSettings.from_mapping(values)
   except ValueError as e:
     raise CheckpointError(f"{path}: {e}") from None
   model = Encoder(settings, rngs=nnx.Rngs(seed))
-  report = Report(kind, settings.as_dict())
-  offset = settings.position_offset
-  for hf, ours, how in _encoder_entries(prefix, config, lm=lm):
-    if hf not in tensors:
-      raise CheckpointError(f"{path}: tensor {hf!r} is missing (a {kind} checkpoint with this "
-                            f"config.json has it).")
-    value = np.asarray(tensors[hf], np.float32)
-    variable = _target(model, ours)
-    shape = tuple(variable.get_value().shape)
-    if ours == "positions.table" and shape[0] != value.shape[0]:
-      if value.shape[0] - offset != source_length:
-        raise CheckpointError(f"{path}: tensor {hf!r} has {value.shape[0]} rows, but "
-                              f"config.json's max_position_embeddings says "
-                              f"{source_length + offset}.")
-      value = _tile_positions(value, offset, shape[0] - offset)
-      report.notes.append(f"positions: {source_length} copied to {shape[0] - offset}")
-    hf_shape, transform = TRANSFORMS[how]
-    if tuple(value.shape) != hf_shape(shape):
-      raise CheckpointError(f"{path}: tensor {hf!r} has shape {tuple(value.shape)}, but this "
-                            f"config.json makes it {hf_shape(shape)} (our {ours}: {shape}).")
-    variable.set_value(transform(value, shape).astype(variable.get_value().dtype))
-    report.mapped[hf] = ours
-  report.unused = sorted(n for n in tensors if n not in report.mapped)
-  return model, report
+  return model, assign(model, path, config, tensors)
 
 
 def hf_config(model, architecture: str, like: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -372,5 +397,5 @@ def export(model, path: str, architecture: str, like: dict[str, Any] | None = No
     json.dump(config, f, indent=2, sort_keys=True)
 
 
-__all__ = ["CheckpointError", "Report", "SUPPORTED", "encoder_settings", "export", "hf_config",
-           "load", "read"]
+__all__ = ["CheckpointError", "Report", "SUPPORTED", "assign", "checkpoint_settings",
+           "encoder_settings", "export", "hf_config", "load", "read"]

@@ -58,10 +58,11 @@ def _embed(encoder, tokens: jax.Array, shown_as_mask: jax.Array | None):
 def masked_logits(encoder, tokens: jax.Array, shown_as_mask: jax.Array, *, rng=None
                   ) -> jax.Array:
   """tokens `[B, L]` (0 = padding), `shown_as_mask` bool `[B, L]` -> logits `[B, L, V]`."""
-  x, real = _embed(encoder, tokens, shown_as_mask)
-  x = dropout(encoder.positions(x), encoder.dropout_rate, _fold(rng, 0)).astype(encoder.dtype)
-  x = encoder.ln_final(run_blocks(encoder.blocks, x, real, rng, encoder.remat))
-  return _tied_logits(encoder, x[:, int(encoder.cls_token):])
+  x, _ = encoder(tokens, rng=rng, shown_as_mask=shown_as_mask)
+  x = x[:, int(encoder.cls_token):]
+  if getattr(encoder, "lm_head", None) is not None:   # BERT's head (models/pretrained.py)
+    return encoder.mlm_logits(x)
+  return _tied_logits(encoder, x)
 
 
 def causal_logits(encoder, tokens: jax.Array, *, rng=None) -> jax.Array:
