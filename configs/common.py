@@ -132,6 +132,10 @@ def trainer_defaults() -> ml_collections.ConfigDict:
   # init_length: that run's max_length when shorter (its learned positions are tiled, Longformer).
   c.init_from = ""
   c.init_length = 0
+  # Or a local Hugging Face checkpoint folder (BERT, RoBERTa, Longformer): the encoder's
+  # architecture and weights come from it, attention kind, length and dropout from this config
+  # (models/pretrained.py, docs/pretrained.md).
+  c.init_from_hf = ""
   c.protocol = "scratch"       # scratch (as LRA) | spt (self-pretrain, then fine-tune)
   c.pretrain = ml_collections.ConfigDict({
       "objective": "mlm",      # mlm | clm | mpnet, over the task's inputs (labels unused)

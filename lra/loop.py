@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import jax
 import ml_collections
 import numpy as np
+from flax import nnx
 from jax.experimental import multihost_utils
 
 from lra import checkpoint, lock as lock_lib, mesh as mesh_lib, metrics, progress, storage
@@ -124,6 +125,8 @@ class Run:
       print(f"Resumed from {self.ckpt.directory} at step {self.start_step}.", flush=True)
     elif config.get("init_from"):
       self.state = {**self.state, "params": self._initial_params()}
+    elif config.get("init_from_hf"):
+      self.state = {**self.state, "params": self._hf_params()}
     self.best = {"accuracy": -1.0, "step": -1}
     if self.best_ckpt.steps():
       try:
@@ -207,6 +210,22 @@ class Run:
       loaded = embeddings.extend_tables(loaded, params)
     print(f"Initialised the parameters from {config.init_from} (step {from_step}).", flush=True)
     return loaded
+
+  def _hf_params(self):
+    """The parameters of a fresh model whose encoder holds the weights of the Hugging Face
+    checkpoint `config.init_from_hf` (its positions copied over a longer table), placed as the
+    state's parameters are."""
+    from models import pretrained
+    path = str(self.config.init_from_hf)
+    model = self.trainer.task.build_model(self.trainer.model_cfg,
+                                          nnx.Rngs(int(self.config.seed)))
+    report = pretrained.assign(getattr(model, "encoder", model), path)
+    params = nnx.split(model, nnx.Param, ...)[1]
+    params = jax.tree.map(lambda x, s: jax.device_put(x, s), params, self.trainer.param_sh)
+    notes = "".join(f"; {note}" for note in report.notes)
+    print(f"Initialised the encoder from the {report.architecture} checkpoint {path} "
+          f"({len(report.mapped)} tensors{notes}).", flush=True)
+    return params
 
   def _abstract_params(self):
     return checkpoint.abstract_like(self.state["params"])

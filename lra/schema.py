@@ -431,10 +431,30 @@ def check_memory(config) -> None:
                      "row one contiguous stream).")
 
 
+def _check_init_from_hf(config: ml_collections.ConfigDict) -> None:
+  """`init_from_hf`: a local Hugging Face checkpoint folder of a supported architecture (its
+  config.json is read; the tensors when the run starts), not together with `init_from`."""
+  path = config.get("init_from_hf") if hasattr(config, "get") else None
+  if not path:
+    return
+  if not isinstance(path, str):
+    raise ValueError(f"config.init_from_hf = {path!r}: must be a folder path (a local Hugging "
+                     f"Face checkpoint) or '' for none.")
+  if config.get("init_from"):
+    raise ValueError(f"config.init_from_hf = {path!r}: give init_from or init_from_hf, not both "
+                     f"(init_from = {config.init_from!r}).")
+  from models import pretrained
+  try:
+    pretrained.read_config(path)
+  except pretrained.CheckpointError as e:
+    raise ValueError(f"config.init_from_hf: {e}") from None
+
+
 def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
   """Raises ValueError (one line, prefixed by `context`) at the first invalid value."""
   try:
     _check_fields(config)
+    _check_init_from_hf(config)
     _check_mesh(_get(config, "mesh"))
     model = _get(config, "model")
     if model is not _MISSING:

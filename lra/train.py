@@ -59,6 +59,9 @@ def model_config(config: ml_collections.ConfigDict, task) -> dict[str, Any]:
   max_length = max(int(config.data.max_length), int(config.data.get("eval_length", 0) or 0))
   cfg.update(vocab_size=task.vocab_size, num_classes=task.num_classes, max_length=max_length,
              remat=str(config.get("remat", "none")), dtype=str(config.get("dtype", "float32")))
+  if config.get("init_from_hf"):   # the architecture of a Hugging Face checkpoint
+    from models import pretrained
+    cfg = pretrained.task_settings(str(config.init_from_hf), cfg)
   return cfg
 
 

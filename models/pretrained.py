@@ -67,8 +67,16 @@ class Report:
     return "\n".join(lines)
 
 
-def read(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """(config.json as a dict, every tensor of the folder by name as float32 or int arrays)."""
+def read_config(path: str) -> dict[str, Any]:
+  """The folder's config.json, checked to name a supported architecture (no tensor is read)."""
+  config = _read_json(path)
+  if config.get("model_type") not in SUPPORTED:
+    raise CheckpointError(f"{path}/config.json: model_type = {config.get('model_type')!r} is "
+                          f"not supported; supported: {', '.join(SUPPORTED)}.")
+  return config
+
+
+def _read_json(path: str) -> dict[str, Any]:
   if not os.path.isdir(path):
     raise CheckpointError(f"{path}: not a folder (give a local Hugging Face checkpoint folder "
                           f"with config.json and model.safetensors).")
@@ -82,6 +90,12 @@ def read(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     raise CheckpointError(f"{config_path}: not readable JSON ({e}).") from None
   if not isinstance(config, dict):
     raise CheckpointError(f"{config_path}: must hold a JSON object.")
+  return config
+
+
+def read(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """(config.json as a dict, every tensor of the folder by name as float32 or int arrays)."""
+  config = _read_json(path)
   from safetensors.numpy import load_file   # imported here: reading configs needs no tensors
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.isfile(index):
@@ -397,5 +411,23 @@ def export(model, path: str, architecture: str, like: dict[str, Any] | None = No
     json.dump(config, f, indent=2, sort_keys=True)
 
 
-__all__ = ["CheckpointError", "Report", "SUPPORTED", "assign", "checkpoint_settings",
-           "encoder_settings", "export", "hf_config", "load", "read"]
+# The settings a checkpoint fixes when it initialises a task model (`config.init_from_hf`): its
+# architecture. The run's config keeps the attention kind, the length and the dropout.
+ARCHITECTURE = ("vocab_size", "num_layers", "num_heads", "emb_dim", "qkv_dim", "mlp_dim",
+                "pos_emb", "attention_bias", "norm", "layer_norm_eps", "activation", "embed_norm",
+                "type_vocab_size", "position_offset", "global_projections", "lm_head")
+
+
+def task_settings(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
+  """The model constructor's fields `cfg` of a run (`lra.train.model_config`) with the
+  architecture of the checkpoint at `path`; the task's token ids must fit its vocabulary."""
+  arch = checkpoint_settings(path)
+  if int(cfg.get("vocab_size") or 0) > arch["vocab_size"]:
+    raise CheckpointError(f"config.init_from_hf = {path}: the task has {cfg['vocab_size']} token "
+                          f"ids, the checkpoint's vocabulary only {arch['vocab_size']}.")
+  return {**cfg, **{name: arch[name] for name in ARCHITECTURE if name in arch}}
+
+
+__all__ = ["ARCHITECTURE", "CheckpointError", "Report", "SUPPORTED", "assign",
+           "checkpoint_settings", "encoder_settings", "export", "hf_config", "load", "read",
+           "read_config", "task_settings"]

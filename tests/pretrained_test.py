@@ -196,3 +196,28 @@ def test_an_exported_checkpoint_loads_in_hugging_face_transformers(tmp_path, nam
     out = hf(input_ids=torch.tensor(ref["input_ids"]),
              attention_mask=torch.tensor(ref["attention_mask"]), **kw).last_hidden_state
   _close(out.numpy(), ref["last_hidden_state"], ref["attention_mask"], "transformers' output")
+
+
+@pytest.mark.slow
+def test_a_training_run_starts_from_a_hugging_face_checkpoint(tmp_path, capsys):
+  """`config.init_from_hf`: the task model's encoder has the checkpoint's architecture and
+  weights (positions copied over the longer table), the run's attention kind; with a zero
+  learning rate the trained encoder is still the checkpoint's."""
+  import length_extension_test as tiny_runs
+  from lra import train
+  path, _ = _fixture("roberta")
+  source, _ = pretrained.load(path)
+  config = tiny_runs.tiny(str(tmp_path / "data"), 100, init_from_hf=path, learning_rate=0.0)
+  config.model.attention = {"kind": "band", "window": 4}
+  results = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert "Initialised the encoder from the roberta checkpoint" in capsys.readouterr().out
+  encoder = results["state"]["params"]["encoder"]
+  np.testing.assert_array_equal(np.asarray(encoder["embed"]["embedding"]),
+                                np.asarray(source.embed.embedding.get_value()))
+  np.testing.assert_array_equal(
+      np.asarray(encoder["blocks"][1]["attention"]["query"]),
+      np.asarray(source.blocks[1].attention.query.get_value()))
+  table = np.asarray(encoder["positions"]["table"])
+  assert table.shape[0] == 100 + 2                    # mean pooling: no CLS; RoBERTa's offset 2
+  np.testing.assert_array_equal(table[66:], np.asarray(source.positions.table.get_value())[2:38])
+  assert np.isfinite(results["test_loss"])
