@@ -52,6 +52,7 @@ HEADS = 4
 FFN = 48
 LAYERS = 2
 MAX_NEW_TOKENS = 12
+LED_EOS_BIAS = 1.75
 
 
 def _common(**kw):
@@ -279,12 +280,17 @@ def _nontrivial(tokens, eos):
 
 
 def _pick_seed(build, feeds, first_seed):
-  """The first seed from first_seed on whose greedy output is non-trivial (deterministic)."""
+  """The first seed from first_seed on whose greedy output is non-trivial and whose beam output
+  differs from greedy and between the rows, so that batch and beam bookkeeping both show."""
   for seed in range(first_seed, first_seed + 50):
     model = build(seed)
-    if _nontrivial(_generate(model, feeds, 1), model.config.eos_token_id):
+    greedy = _generate(model, feeds, 1)
+    if not _nontrivial(greedy, model.config.eos_token_id):
+      continue
+    beam = _generate(model, feeds, 4)
+    if not np.array_equal(beam[0], beam[1]) and not np.array_equal(beam, greedy):
       return seed, model
-  raise RuntimeError("no seed gave a non-trivial greedy output")
+  raise RuntimeError("no seed gave non-trivial greedy and beam outputs")
 
 
 def bart(out):
@@ -323,6 +329,10 @@ def led(out):
     torch.manual_seed(0)
     model = transformers.LEDForConditionalGeneration(cfg).eval()
     _randomize(model, seed, seq2seq=True)
+    # EOS made likelier, so that some greedy and beam rows end by a generated EOS before
+    # max_length and are then filled with pad_token_id (the others end by the forced EOS).
+    with torch.no_grad():
+      model.final_logits_bias[0, cfg.eos_token_id] += LED_EOS_BIAS
     return model
 
   rng = np.random.default_rng(9)
@@ -376,7 +386,8 @@ def bigbird(out):
   arrays = {"input_ids": ids, "attention_mask": mask}
   record = _record_random_blocks(model)
   arrays.update(_masked_lm(model, model.bert, feeds, length, _logit_positions(length)))
-  if model.config.attention_type != "block_sparse" or not record:
+  # HF switches the model object (not its config) to full attention for short inputs, for good.
+  if model.bert.attention_type != "block_sparse" or not record:
     raise RuntimeError("BigBird fell back to full attention: the case is not block sparse")
   # One entry per (call, layer): [heads, num_blocks - 2, num_random_blocks]; the base-model call
   # and the MLM call each run both layers, so keep the first run's layers.

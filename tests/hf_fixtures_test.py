@@ -164,6 +164,20 @@ def test_seq2seq_shapes(name):
     assert (tokens[:, 1] == gen["greedy"]["forced_bos_token_id"]).all()
   # Not a trivial model: greedy output runs past the forced BOS without stopping at once.
   assert (ref["greedy_tokens"][:, 2] != config["eos_token_id"]).all()
+  assert not np.array_equal(ref["beam_tokens"], ref["greedy_tokens"])
+  assert not np.array_equal(ref["beam_tokens"][0], ref["beam_tokens"][1])
+
+
+def test_led_generation_ends_both_ways():
+  """LED's rows stop once by a generated EOS (then pad) and once by the forced EOS at the end."""
+  config, _, ref = _load("led")
+  eos, pad = config["eos_token_id"], config["pad_token_id"]
+  for key in ("greedy_tokens", "beam_tokens"):
+    ends = [int(np.flatnonzero(row[1:] == eos)[0]) + 1 for row in ref[key]]
+    n = ref[key].shape[1]
+    assert sorted(e == n - 1 for e in ends) == [False, True], (key, ends)
+    for row, end in zip(ref[key], ends):
+      assert (row[end + 1:] == pad).all()
 
 
 # An independent reference: Hugging Face's forward passes written again in float64 NumPy from the
