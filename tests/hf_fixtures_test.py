@@ -186,6 +186,11 @@ def test_led_generation_ends_both_ways():
 # each quirk: RoBERTa's position offset, Longformer's global rows, BigBird's eval-time random
 # blocks). Dense masks stand in for the banded and blocked kernels.
 
+def _load64(name):
+  config, tensors, ref = _load(name)
+  return config, {k: v.astype(np.float64) for k, v in tensors.items()}, ref
+
+
 _ERF = np.vectorize(math.erf, otypes=[np.float64])
 
 
@@ -203,7 +208,7 @@ def _layer_norm(x, w, b, eps):
 
 
 def _linear(t, name, x):
-  out = x @ t[name + ".weight"].astype(np.float64).T
+  out = x @ t[name + ".weight"].T
   if name + ".bias" in t:
     out = out + t[name + ".bias"]
   return out
@@ -219,15 +224,16 @@ def _attend(q, k, v, allowed, log_count=None):
 
   `allowed` is [B, 1 or H, Lq, Lk]; `log_count` adds log(multiplicity) for keys that a
   gathered kernel visits more than once (BigBird's eval random blocks)."""
-  s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])
+  s = q @ k.transpose(0, 1, 3, 2)
+  s *= 1.0 / math.sqrt(q.shape[-1])
   if log_count is not None:
-    s = s + log_count
-  s = np.where(allowed, s, -np.inf)
+    s += log_count
+  s[~np.broadcast_to(allowed, s.shape)] = -np.inf
   m = np.max(s, -1, keepdims=True)
-  m = np.where(np.isfinite(m), m, 0.0)
-  p = np.exp(s - m)
-  p = p / np.maximum(p.sum(-1, keepdims=True), 1e-300)
-  out = p @ v
+  m[~np.isfinite(m)] = 0.0
+  s -= m
+  np.exp(s, out=s)
+  out = (s @ v) / np.maximum(s.sum(-1, keepdims=True), 1e-300)
   b, h, n, dh = out.shape
   return out.transpose(0, 2, 1, 3).reshape(b, n, h * dh)
 
@@ -249,7 +255,7 @@ def _qkv(t, pre, x, h, suffix=""):
 
 
 def _embed(t, prefix, ids, positions, types, eps):
-  e = t[prefix + "embeddings.word_embeddings.weight"].astype(np.float64)[ids]
+  e = t[prefix + "embeddings.word_embeddings.weight"][ids]
   e = e + t[prefix + "embeddings.position_embeddings.weight"][positions]
   e = e + t[prefix + "embeddings.token_type_embeddings.weight"][types]
   return _layer_norm(e, t[prefix + "embeddings.LayerNorm.weight"],
@@ -273,7 +279,7 @@ def _mlm_head(t, x, config, kind):
     act, emb = config["hidden_act"], "bert.embeddings.word_embeddings.weight"
   y = _gelu(_linear(t, dense, x), act)
   y = _layer_norm(y, t[norm + ".weight"], t[norm + ".bias"], config["layer_norm_eps"])
-  return y @ t[emb].astype(np.float64).T + t[bias]
+  return y @ t[emb].T + t[bias]
 
 
 def _dense_encoder(t, config, prefix, ids, mask, positions, types):
@@ -295,7 +301,7 @@ def _close(ours, theirs, tol=2e-4):
 
 @pytest.mark.parametrize("name", ["roberta", "bert"])
 def test_numpy_reference_bert_family(name):
-  config, t, ref = _load(name)
+  config, t, ref = _load64(name)
   ids, mask = ref["input_ids"], ref["attention_mask"]
   if name == "roberta":
     positions = _roberta_positions(ids, config["pad_token_id"])
@@ -321,11 +327,13 @@ def _longformer_attention(t, pre, x, h, w, mask, glob):
   local = (band[None] & ~glob[:, None, :]) | glob[:, None, :]
   local = (local & ~pad[:, None, :])[:, None]
   out = _attend(*[_heads(_linear(t, pre + p, x), h) for p in ("query", "key", "value")], local)
-  if glob.any():
+  rows = np.flatnonzero(glob.any(0))                 # positions global in some batch row
+  if rows.size:
     qg, kg, vg = [_heads(_linear(t, pre + p + "_global", x), h)
                   for p in ("query", "key", "value")]
-    full = np.broadcast_to(~pad[:, None, None, :], (x.shape[0], 1, n, n))
-    out = np.where(glob[:, :, None], _attend(qg, kg, vg, full), out)
+    full = np.broadcast_to(~pad[:, None, None, :], (x.shape[0], 1, rows.size, n))
+    out[:, rows] = np.where(glob[:, rows, None], _attend(qg[:, :, rows], kg, vg, full),
+                            out[:, rows])
   return np.where(pad[:, :, None], 0.0, out)
 
 
@@ -336,7 +344,7 @@ def _pad_to(arrays, multiple, values):
 
 
 def test_numpy_reference_longformer():
-  config, t, ref = _load("longformer")
+  config, t, ref = _load64("longformer")
   n = ref["input_ids"].shape[1]
   h, pad_id = config["num_attention_heads"], config["pad_token_id"]
   ids, mask, glob = _pad_to([ref["input_ids"], ref["attention_mask"],
@@ -380,7 +388,7 @@ def _bigbird_log_count(nb, bs, rand, heads):
 
 @pytest.mark.parametrize("name", ["bigbird", "bigbird_full"])
 def test_numpy_reference_bigbird(name):
-  config, t, ref = _load(name)
+  config, t, ref = _load64(name)
   n = ref["input_ids"].shape[1]
   h = config["num_attention_heads"]
   ids, mask = ref["input_ids"], ref["attention_mask"]
@@ -408,3 +416,174 @@ def test_numpy_reference_bigbird(name):
   _close(x[:, :n], ref["last_hidden_state"])
   logits = _mlm_head(t, x[:, :n], config, "bigbird")
   _close(logits[:, ref["logits_positions"]], ref["logits"])
+
+
+def _seq2seq_prefix(name):
+  return "model." if name == "bart" else "led."
+
+
+def _bart_attention(t, pre, xq, xkv, h, allowed, kv=None):
+  """BartAttention: q/k/v/out projections with biases, scores scaled by head_dim^-0.5.
+  `kv` = precomputed (k, v) heads for cross-attention over a fixed encoder output."""
+  k, v = kv if kv is not None else [_heads(_linear(t, pre + p, xkv), h) for p in ("k_proj",
+                                                                                  "v_proj")]
+  q = _heads(_linear(t, pre + "q_proj", xq), h)
+  return _linear(t, pre + "out_proj", _attend(q, k, v, allowed))
+
+
+def _ffn_block(t, pre, x, config, side):
+  hid = _gelu(_linear(t, pre + "fc1", x), config["activation_function"])
+  return _layer_norm(x + _linear(t, pre + "fc2", hid), t[pre + "final_layer_norm.weight"],
+                     t[pre + "final_layer_norm.bias"], 1e-5)
+
+
+def _seq2seq_embed(t, config, name, side, ids):
+  """Token embedding (x sqrt(d) with BART's scale_embedding) + learned positions (offset 2 in
+  BART, none in LED), then layernorm_embedding (eps 1e-5)."""
+  p = _seq2seq_prefix(name)
+  scale = math.sqrt(config["d_model"]) if config.get("scale_embedding") else 1.0
+  offset = 2 if name == "bart" else 0
+  x = t[p + "shared.weight"][ids] * scale
+  x = x + t[f"{p}{side}.embed_positions.weight"][np.arange(ids.shape[1]) + offset]
+  return _layer_norm(x, t[f"{p}{side}.layernorm_embedding.weight"],
+                     t[f"{p}{side}.layernorm_embedding.bias"], 1e-5)
+
+
+def _seq2seq_encode(t, config, name, ids, mask, glob=None):
+  p, h = _seq2seq_prefix(name), config["encoder_attention_heads"]
+  n = ids.shape[1]
+  if name == "led":
+    ids, mask, glob = _pad_to([ids, mask, glob], max(config["attention_window"]),
+                              [config["pad_token_id"], 0, 0])
+  x = _seq2seq_embed(t, config, name, "encoder", ids)
+  states = [x]
+  for i in range(config["encoder_layers"]):
+    pre = f"{p}encoder.layers.{i}."
+    if name == "bart":
+      a = _bart_attention(t, pre + "self_attn.", x, x, h, mask.astype(bool)[:, None, None, :])
+    else:
+      w = config["attention_window"][i] // 2
+      a = _linear(t, pre + "self_attn.output", _longformer_attention(
+        t, pre + "self_attn.longformer_self_attn.", x, h, w, mask, glob.astype(bool)))
+    x = _layer_norm(x + a, t[pre + "self_attn_layer_norm.weight"],
+                    t[pre + "self_attn_layer_norm.bias"], 1e-5)
+    x = _ffn_block(t, pre, x, config, "encoder")
+    states.append(x)
+  return x[:, :n], [s[:, :n] for s in states]
+
+
+def _cross_kv(t, config, name, enc):
+  p, h = _seq2seq_prefix(name), config["decoder_attention_heads"]
+  return [[_heads(_linear(t, f"{p}decoder.layers.{i}.encoder_attn.{n}", enc), h)
+           for n in ("k_proj", "v_proj")] for i in range(config["decoder_layers"])]
+
+
+def _seq2seq_decode(t, config, name, enc, enc_mask, dec_ids, dec_mask=None, cross_kv=None):
+  """Decoder states and logits (no cache: every call runs the whole prefix)."""
+  p, h = _seq2seq_prefix(name), config["decoder_attention_heads"]
+  steps = dec_ids.shape[1]
+  if dec_mask is None:
+    dec_mask = np.ones_like(dec_ids)
+  y = _seq2seq_embed(t, config, name, "decoder", dec_ids)
+  causal = np.tril(np.ones((steps, steps), bool))[None, None] & dec_mask.astype(bool)[:, None, None]
+  cross = enc_mask.astype(bool)[:, None, None, :]
+  states = [y]
+  for i in range(config["decoder_layers"]):
+    pre = f"{p}decoder.layers.{i}."
+    y = _layer_norm(y + _bart_attention(t, pre + "self_attn.", y, y, h, causal),
+                    t[pre + "self_attn_layer_norm.weight"], t[pre + "self_attn_layer_norm.bias"],
+                    1e-5)
+    kv = None if cross_kv is None else cross_kv[i]
+    y = _layer_norm(y + _bart_attention(t, pre + "encoder_attn.", y, enc, h, cross, kv),
+                    t[pre + "encoder_attn_layer_norm.weight"],
+                    t[pre + "encoder_attn_layer_norm.bias"], 1e-5)
+    y = _ffn_block(t, pre, y, config, "decoder")
+    states.append(y)
+  logits = y @ t[p + "shared.weight"].T + t["final_logits_bias"]
+  return y, states, logits
+
+
+def _force(scores, cur_len, max_length, gen):
+  """ForcedBOSTokenLogitsProcessor at length 1, ForcedEOSTokenLogitsProcessor at max_length-1."""
+  forced = {1: gen["forced_bos_token_id"], max_length - 1: gen["forced_eos_token_id"]}
+  if cur_len in forced and forced[cur_len] is not None:
+    scores = np.full_like(scores, -np.inf)
+    scores[..., forced[cur_len]] = 0.0
+  return scores
+
+
+def _greedy(step_logits, batch, gen):
+  max_length = 1 + gen["max_new_tokens"]
+  seqs = np.full((batch, 1), gen["decoder_start_token_id"])
+  done = np.zeros(batch, bool)
+  while seqs.shape[1] < max_length and not done.all():
+    scores = _force(step_logits(seqs, np.arange(batch)), seqs.shape[1], max_length, gen)
+    tok = np.where(done, gen["pad_token_id"], np.argmax(scores, -1))
+    seqs = np.concatenate([seqs, tok[:, None]], 1)
+    done |= tok == gen["eos_token_id"]
+  return seqs
+
+
+def _log_softmax(x):
+  m = np.max(x, -1, keepdims=True)
+  return x - m - np.log(np.sum(np.exp(x - m), -1, keepdims=True))
+
+
+def _beam_row(step_logits, row, gen):
+  """generation/utils.py::_beam_search for one batch row (rows are independent)."""
+  nb, lp = gen["num_beams"], gen["length_penalty"]
+  eos, max_length = gen["eos_token_id"], 1 + gen["max_new_tokens"]
+  k = max(2, 2) * nb                                       # (1 + number of eos ids) * num_beams
+  running = [[gen["decoder_start_token_id"]]] * nb
+  run_scores = np.array([0.0] + [-1e9] * (nb - 1))
+  fin = [(-1e9, None, False)] * nb                           # (score, sequence, finished)
+  open_row = True
+  while len(running[0]) < max_length:
+    cur_len = len(running[0])
+    logp = _log_softmax(step_logits(np.array(running), np.full(nb, row)))
+    acc = (_force(logp, cur_len, max_length, gen) + run_scores[:, None]).reshape(-1)
+    top = np.argsort(-acc, kind="stable")[:k]
+    vocab = logp.shape[-1]
+    cands = [(acc[i], running[i // vocab] + [int(i % vocab)]) for i in top]
+    hits = [s[-1] == eos or len(s) >= max_length for _, s in cands]
+    order = sorted(range(k), key=lambda j: -(cands[j][0] - 1e9 * hits[j]))[:nb]
+    running = [cands[j][1] for j in order]
+    run_scores = np.array([cands[j][0] - 1e9 * hits[j] for j in order])
+    full = all(f for _, _, f in fin) and gen["early_stopping"] is True
+    new = [(s / (cur_len + 1 - 1) ** lp, seq, True) for j, (s, seq) in enumerate(cands)
+           if j < nb and hits[j] and open_row and not full]
+    fin = sorted(fin + new, key=lambda f: -f[0])[:nb]
+    if all(f for _, _, f in fin):                          # _check_early_stop_heuristic
+      best = run_scores[0] / (cur_len + 1 - 1) ** lp
+      open_row = open_row and best > min(s for s, _, _ in fin)
+  return fin[0][1]
+
+
+@pytest.mark.parametrize("name", ["bart", "led"])
+def test_numpy_reference_seq2seq(name):
+  config, t, ref = _load64(name)
+  ids, mask = ref["input_ids"], ref["attention_mask"]
+  enc, enc_states = _seq2seq_encode(t, config, name, ids, mask, ref.get("global_attention_mask"))
+  _close(enc, ref["encoder_last_hidden_state"])
+  if "encoder_hidden_states" in ref:
+    _close(np.stack(enc_states), ref["encoder_hidden_states"])
+  y, states, logits = _seq2seq_decode(t, config, name, enc, mask, ref["decoder_input_ids"],
+                                      ref["decoder_attention_mask"])
+  _close(y, ref["last_hidden_state"])
+  _close(np.stack(states), ref["decoder_hidden_states"])
+  _close(logits, ref["logits"])
+
+  cross_kv = _cross_kv(t, config, name, enc)
+
+  def step_logits(seqs, rows):
+    kv = [[c[rows] for c in layer] for layer in cross_kv]
+    return _seq2seq_decode(t, config, name, enc[rows], mask[rows], seqs, cross_kv=kv)[2][:, -1]
+
+  with open(os.path.join(HF, name, "generation.json")) as f:
+    gen = json.load(f)
+  np.testing.assert_array_equal(_greedy(step_logits, len(ids), gen["greedy"]),
+                                ref["greedy_tokens"])
+  beams = [_beam_row(step_logits, row, gen["beam"]) for row in range(len(ids))]
+  width = max(len(b) for b in beams)
+  beams = np.array([b + [gen["beam"]["pad_token_id"]] * (width - len(b)) for b in beams])
+  np.testing.assert_array_equal(beams, ref["beam_tokens"])
