@@ -14,21 +14,27 @@ inputs in `reference.npz` (float32, `model.eval()`, so no dropout):
   bart/        BartForConditionalGeneration: encoder/decoder states, logits, greedy and beam tokens
   led/         LEDForConditionalGeneration, ~600 encoder tokens, global attention on token 0
   bigbird/     BigBirdForMaskedLM, block_sparse (long enough not to fall back to full attention)
-               with the random-block indices HF used; and the same weights run as original_full
+               with the random-block indices HF used (in eval: all block 0)
+  bigbird_full/  the same weights and inputs run as original_full
 
 Generation settings are all set explicitly (never the config's defaults) and written to
 `generation.json` in the folder. Weights are not HF's init (std 0.02, LayerNorm 1/0, which makes
 attention nearly uniform and hides swapped LayerNorm parameters): every parameter is redrawn from
 a fixed seed so attention is peaked and every tensor matters. Shapes are chosen distinct where it
 is cheap (hidden 32, intermediate 48, vocab 101, 4 heads) so a transposed matrix fails loudly.
+For BART and LED the seed is the first one whose greedy output is varied and whose beam output
+differs from greedy and between the rows; LED's EOS logit is raised so that one row of each
+generation ends by a generated EOS (then padding) and the other by the forced EOS.
+
+The logits of the long models (longformer, bigbird) are kept only at `logits_positions` (every
+7th and the last): in full they would triple the folder. `tests/hf_fixtures_test.py` checks the
+files and rebuilds every output (tokens included) in float64 NumPy from Hugging Face's equations.
 
 Deterministic: rerunning writes identical arrays (the safetensors files too). The whole folder is
 about 3 MB. To regenerate (needs the `bench` extra, CPU torch is enough):
 
     .venv-bench/bin/python benchmarks/hf_fixtures.py --out tests/fixtures/hf
     .venv-bench/bin/python benchmarks/hf_fixtures.py --out /tmp/hf --only bart   # one model
-
-`tests/hf_fixtures_test.py` checks the files without torch.
 """
 
 from __future__ import annotations
