@@ -15,6 +15,14 @@ Supported architectures (`config.json`'s `model_type`):
   * `longformer`: our `Encoder` with band attention, one window per layer (Hugging Face's
     `attention_window` is two-sided: our one-sided window is half of it), and Longformer's
     separate global projections.
+  * `big_bird`: our `Encoder` with dense attention (`attention_type` "original_full") or our
+    `bigbird` kind (block_sparse: HF's block size and random blocks, first and last blocks
+    global). At inference Hugging Face draws no random blocks: every one is block 0, which its
+    softmax then counts 1 + r times (`_bigbird_block_rand_mask`, "During inference (eval) no
+    randomness"); our kind draws them, so block-sparse outputs differ from Hugging Face's
+    inference (the report says so), while "original_full" checkpoints agree exactly.
+  * `bart`, `led` (`SEQ2SEQ`): our encoder-decoder `models.seq2seq.LED`, through
+    `models.pretrained_seq2seq.load_seq2seq` (its docstring says how to call the model).
 
 The encoder's `encode(input_ids, attention_mask, global_attention_mask=None,
 token_type_ids=None)` returns what Hugging Face calls `last_hidden_state` (padded positions are
@@ -39,7 +47,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-SUPPORTED = ("bert", "roberta", "longformer")
+SUPPORTED = ("bert", "roberta", "longformer", "big_bird")
+EXPORTS = ("bert", "roberta", "longformer")     # what `export` writes
+# The prefix of a head model's encoder tensors, where it is not the model_type.
+PREFIXES = {"big_bird": "bert"}
+SEQ2SEQ = ("bart", "led")        # encoder-decoders: models.pretrained_seq2seq
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "relu": "relu"}
 
@@ -137,7 +149,7 @@ def encoder_settings(config: dict[str, Any], path: str = ".") -> dict[str, Any]:
   kind = config.get("model_type")
   hidden = int(_field(config, "hidden_size", path))
   layers = int(_field(config, "num_hidden_layers", path))
-  offset = 0 if kind == "bert" else int(_field(config, "pad_token_id", path)) + 1
+  offset = 0 if kind in ("bert", "big_bird") else int(_field(config, "pad_token_id", path)) + 1
   positions = int(_field(config, "max_position_embeddings", path))
   pos_type = config.get("position_embedding_type", "absolute")
   if pos_type != "absolute":
@@ -161,6 +173,20 @@ def encoder_settings(config: dict[str, Any], path: str = ".") -> dict[str, Any]:
     out["attention"] = {"kind": "band", "window": int(windows[0]) // 2}
     out["layer_attention"] = tuple({"window": int(w) // 2} for w in windows)
     out["global_projections"] = True
+  if kind == "big_bird":
+    if not config.get("use_bias", True):
+      raise CheckpointError(f"{path}/config.json: use_bias = false is not supported (our "
+                            f"attention_bias adds biases to every projection).")
+    if config.get("rescale_embeddings"):
+      out["embed_scale"] = float(hidden) ** 0.5
+    attention_type = config.get("attention_type", "block_sparse")
+    if attention_type == "block_sparse":
+      out["attention"] = {"kind": "bigbird", "block_size": int(_field(config, "block_size", path)),
+                          "num_global_blocks": 2,
+                          "num_random_blocks": int(_field(config, "num_random_blocks", path))}
+    elif attention_type != "original_full":
+      raise CheckpointError(f"{path}/config.json: attention_type = {attention_type!r}: must be "
+                            f"block_sparse or original_full.")
   return out
 
 
@@ -234,7 +260,7 @@ _TIED_OR_UNUSED = ("lm_head.decoder.weight", "lm_head.decoder.bias",
 
 def _prefix(kind: str, tensors: dict[str, np.ndarray]) -> str:
   """'' for a base-model checkpoint, 'bert.' / 'roberta.' / 'longformer.' for a head model's."""
-  head = f"{kind}."
+  head = f"{PREFIXES.get(kind, kind)}."
   return head if any(name.startswith(head) for name in tensors) else ""
 
 
@@ -322,6 +348,9 @@ def assign(encoder, path: str, config: dict[str, Any] | None = None,
     variable.set_value(transform(value, shape).astype(variable.get_value().dtype))
     report.mapped[hf] = ours
   report.unused = sorted(n for n in tensors if n not in report.mapped)
+  if encoder.settings.attention.kind == "bigbird" and kind == "big_bird":
+    report.notes.append("block-sparse attention draws its random blocks, where Hugging Face's "
+                        "inference puts every random block on block 0: outputs differ")
   return report
 
 
@@ -336,6 +365,9 @@ def load(path: str, **overrides: Any):
   from models.settings import ModelSettings
 
   config, tensors = read(path)
+  if config.get("model_type") in SEQ2SEQ:
+    from models.pretrained_seq2seq import load_seq2seq
+    return load_seq2seq(path, config, tensors, **overrides)
   seed = int(overrides.pop("seed", 0))
   values = {**checkpoint_settings(path, config, tensors), **overrides}
   try:
@@ -350,8 +382,8 @@ def hf_config(model, architecture: str, like: dict[str, Any] | None = None) -> d
   """The `config.json` of our encoder `model` as a Hugging Face `architecture` (bert, roberta,
   longformer): `like` (the imported checkpoint's config) with the fields our settings fix."""
   s = model.settings
-  if architecture not in SUPPORTED:
-    raise ValueError(f"architecture = {architecture!r}: must be one of {', '.join(SUPPORTED)}.")
+  if architecture not in EXPORTS:
+    raise ValueError(f"architecture = {architecture!r}: must be one of {', '.join(EXPORTS)}.")
   wrong = {name: getattr(s, name) for name, want in
            (("norm", "post"), ("attention_bias", True), ("embed_norm", True),
             ("pos_emb", "learned"), ("embed_scale", 1.0)) if getattr(s, name) != want}

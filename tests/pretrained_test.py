@@ -44,6 +44,27 @@ def test_a_bert_family_checkpoint_gives_hugging_faces_hidden_states_and_logits(n
   _close(model.mlm_logits(x), ref["logits"], real, "logits")
 
 
+def test_bigbird_with_full_attention_gives_hugging_faces_outputs():
+  path, ref = _fixture("bigbird_full")
+  model, report = pretrained.load(path)
+  assert report.settings["attention"]["kind"] == "dot_product"
+  real, at = ref["attention_mask"], ref["logits_positions"]
+  x = model.encode(ref["input_ids"], real)
+  _close(x, ref["last_hidden_state"], real, "last_hidden_state")
+  _close(np.asarray(model.mlm_logits(x))[:, at], ref["logits"], real[:, at], "logits")
+
+
+def test_block_sparse_bigbird_imports_as_our_bigbird_kind_and_says_how_it_differs():
+  path, ref = _fixture("bigbird")
+  model, report = pretrained.load(path)
+  attention = report.settings["attention"]
+  assert (attention["kind"], attention["block_size"], attention["num_random_blocks"]) == (
+      "bigbird", 16, 2)
+  assert any("block 0" in note for note in report.notes)
+  x = np.asarray(model.encode(ref["input_ids"], ref["attention_mask"]))
+  assert np.isfinite(x).all() and x.shape == ref["last_hidden_state"].shape
+
+
 def test_longformer_with_global_tokens_and_padding_gives_hugging_faces_outputs():
   path, ref = _fixture("longformer")
   model, report = pretrained.load(path)
