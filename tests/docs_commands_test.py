@@ -315,9 +315,12 @@ class Stops:
 
 @pytest.fixture
 def place(tmp_path, monkeypatch):
-  """A fresh folder as the current one, with $LRA_DATA in it."""
+  """A fresh folder as the current one, with $LRA_DATA in it, and the repository's `tests`
+  folder linked in, as in the repository root where the docs' commands naming
+  `tests/fixtures/...` are typed."""
   cwd = tmp_path / "cwd"
   cwd.mkdir()
+  (cwd / "tests").symlink_to(REPO / "tests")
   monkeypatch.chdir(cwd)
   monkeypatch.setenv("LRA_DATA", str(tmp_path / "lra_data"))
   return tmp_path
@@ -364,7 +367,8 @@ def test_doc_command(path, line, kind, argv, error, place, monkeypatch, capsys):
   else:
     assert rc == 0, shown
   if not results:   # nothing written: no run started, no launch file
-    assert not list(Path.cwd().iterdir()) and not list(place.glob("run*")), where
+    assert [p.name for p in Path.cwd().iterdir()] == ["tests"] and not list(place.glob("run*")), \
+        where
 
 
 def test_spt_takes_the_overrides_its_phases_are_made_from(place, monkeypatch, capsys):
