@@ -206,6 +206,9 @@ class ModelSettings:
   decoder_layers: int | None = None
   target_length: int | None = None
   num_global: int = 0
+  # The decoder's positions: fixed sinusoids (our default) or a learned table of target_length
+  # rows after position_offset rows (BART's and LED's embed_positions).
+  decoder_pos_emb: str = "sinusoidal"
   # The language model's Transformer-XL / compressive memory (models/memory.py).
   memory_length: int = 0
   compressed_length: int = 0
@@ -230,6 +233,9 @@ class ModelSettings:
       value = getattr(self, name)
       if not (_is_int(value) and value >= 0):
         raise ValueError(f"config.model.{name} = {value!r}: must be an integer >= 0.")
+    if self.decoder_pos_emb not in ("sinusoidal", "learned"):
+      raise ValueError(f"config.model.decoder_pos_emb = {self.decoder_pos_emb!r}: must be one of "
+                       f"sinusoidal, learned (the decoder's positions).")
     if not self.layer_norm_eps > 0:
       raise ValueError(f"config.model.layer_norm_eps = {self.layer_norm_eps!r}: must be > 0.")
 
@@ -257,7 +263,7 @@ class ModelSettings:
     for name in ("rotary_base", "layer_norm_eps", "embed_scale"):
       if name in values:
         values[name] = float(values[name])
-    for name in ("norm", "activation"):
+    for name in ("norm", "activation", "decoder_pos_emb"):
       if name in values:
         values[name] = str(values[name])
     for name in ("type_vocab_size", "position_offset", "num_global", "memory_length", "compressed_length", "segment_length",

@@ -1,0 +1,225 @@
+"""Hugging Face BART and LED checkpoints imported into our LED compute what Hugging Face does.
+
+The fixtures (tests/fixtures/hf/{bart,led}, written by benchmarks/hf_fixtures.py with the pinned
+transformers) are tiny random-weight BartForConditionalGeneration and
+LEDForConditionalGeneration models with Hugging Face's own outputs on right-padded inputs (LED:
+600 tokens, windows of 32, the first token global): the encoder's last hidden state, the
+decoder's and the logits under teacher forcing, and the tokens of `generate` with 1 and 4 beams
+(forced BOS and EOS, early stopping, length penalty 1; generation.json). Nothing here needs torch
+or transformers. Hidden states and logits are compared at real positions within 1e-5 relative
+to max(1, |reference|), in float32; tokens exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import decoding, pretrained, pretrained_seq2seq
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
+TOL = 1e-5
+NAMES = ["bart", "led"]
+_CACHE: dict[str, tuple] = {}
+
+
+def _fixture(name):
+  path = os.path.join(FIXTURES, name)
+  ref = dict(np.load(os.path.join(path, "reference.npz")))
+  with open(os.path.join(path, "generation.json")) as f:
+    return path, ref, json.load(f)
+
+
+def _loaded(name):
+  """(model, report, reference, generation settings, encoder output, its mask), built once."""
+  if name not in _CACHE:
+    path, ref, gen = _fixture(name)
+    model, report = pretrained.load(path)
+    glob = ref.get("global_attention_mask")
+    memory, mask = model.encode(jnp.asarray(ref["input_ids"]),
+                                key_mask=jnp.asarray(ref["attention_mask"] > 0),
+                                global_mask=None if glob is None else jnp.asarray(glob > 0))
+    _CACHE[name] = (model, report, ref, gen, memory, mask)
+  return _CACHE[name]
+
+
+def _close(ours, theirs, real, what):
+  ours, theirs = np.asarray(ours), np.asarray(theirs)
+  diff = np.abs(ours - theirs)[real.astype(bool)]
+  scale = max(1.0, float(np.abs(theirs).max()))
+  assert diff.max() <= TOL * scale, f"{what}: max difference {diff.max():.3g} (scale {scale:.3g})"
+
+
+def _decoder(model, memory, mask, ref):
+  tokens = jnp.asarray(ref["decoder_input_ids"])
+  token_mask = jnp.asarray(ref["decoder_attention_mask"] > 0)
+  states = model.decoder_states(memory, mask, tokens, token_mask=token_mask)
+  return states, model.decode(memory, mask, tokens, token_mask=token_mask)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_encoder_decoder_states_and_logits_equal_hugging_faces(name):
+  model, report, ref, _, memory, mask = _loaded(name)
+  assert report.architecture == name and report.unused == [] and not report.notes
+  assert report.settings["norm"] == "post" and report.settings["decoder_pos_emb"] == "learned"
+  real = ref["attention_mask"]
+  assert real.min() == 0 and (name == "bart" or ref["global_attention_mask"][:, 0].all())
+  _close(memory, ref["encoder_last_hidden_state"], real, "encoder_last_hidden_state")
+  states, logits = _decoder(model, memory, mask, ref)
+  dec_real = ref["decoder_attention_mask"]
+  assert dec_real.min() == 0
+  _close(states, ref["last_hidden_state"], dec_real, "decoder last_hidden_state")
+  _close(logits, ref["logits"], dec_real, "logits")
+
+
+def test_leds_global_token_and_bias_matter():
+  """Without the global first token LED's encoder output changes; without final_logits_bias
+  the logits change: the comparisons above see both."""
+  model, _, ref, _, memory, mask = _loaded("led")
+  plain, _ = model.encode(jnp.asarray(ref["input_ids"]),
+                          key_mask=jnp.asarray(ref["attention_mask"] > 0))
+  assert np.abs(np.asarray(plain) - ref["encoder_last_hidden_state"])[:, 0].max() > 1e-3
+  bias = model.logits_bias.get_value()
+  model.logits_bias.set_value(np.zeros_like(bias))
+  try:
+    _, logits = _decoder(model, memory, mask, ref)
+  finally:
+    model.logits_bias.set_value(bias)
+  real = ref["decoder_attention_mask"].astype(bool)
+  assert np.abs(np.asarray(logits) - ref["logits"])[real].max() > 1e-2
+
+
+def _hf_tokens(ref_tokens, length, pad):
+  """Hugging Face's generated tokens (after the decoder start) padded to `length`."""
+  out = np.full((ref_tokens.shape[0], length), pad, np.int64)
+  out[:, :ref_tokens.shape[1] - 1] = ref_tokens[:, 1:]
+  return out
+
+
+@pytest.mark.parametrize("cache", [True, False])
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_decoding_equals_hugging_faces_generate(name, cache):
+  model, _, ref, gen, memory, mask = _loaded(name)
+  kw = pretrained_seq2seq.generation(gen["greedy"])
+  length = gen["greedy"]["max_new_tokens"]
+  tokens = decoding.greedy(model, memory, mask, length=length, cache=cache, **kw)
+  want = _hf_tokens(ref["greedy_tokens"], length, kw["hf"].pad_id)
+  assert want[:, 0].tolist() == [0, 0] and len(set(want[:, 1:].ravel().tolist())) > 3
+  np.testing.assert_array_equal(np.asarray(tokens), want)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_beam_search_equals_hugging_faces_generate(name):
+  model, _, ref, gen, memory, mask = _loaded(name)
+  kw = pretrained_seq2seq.generation(gen["beam"])
+  length = gen["beam"]["max_new_tokens"]
+  tokens, scores = decoding.beam_search(model, memory, mask, length=length,
+                                        beam=gen["beam"]["num_beams"], **kw)
+  want = _hf_tokens(ref["beam_tokens"], length, kw["hf"].pad_id)
+  np.testing.assert_array_equal(np.asarray(tokens), want)
+  greedy = _hf_tokens(ref["greedy_tokens"], length, kw["hf"].pad_id)
+  assert not np.array_equal(want, greedy)          # the beams find something greedy does not
+  # HF's sequences_scores: the sum of the log-probabilities up to EOS (forced tokens 0) over
+  # the length (tokens up to EOS) ** length_penalty (1 here).
+  full = model.decode(memory, mask, decoding.shift_right(jnp.asarray(want), kw["bos_id"]),
+                      token_mask=jnp.ones(want.shape, bool))
+  lp = np.take_along_axis(np.asarray(jax.nn.log_softmax(full, axis=-1)), want[..., None],
+                          axis=-1)[..., 0]
+  lp[:, 0] = lp[:, -1] = 0.0                       # forced BOS and EOS
+  ends = np.argmax(want == kw["eos_id"], axis=1) + 1
+  expected = [lp[i, :n].sum() / n for i, n in enumerate(ends)]
+  np.testing.assert_allclose(np.asarray(scores), expected, atol=1e-4)
+
+
+# Hugging Face's beam search beyond the fixture's settings, recorded with transformers 5.23 on
+# the fixture models: `XForConditionalGeneration.from_pretrained(fixture)`, its
+# final_logits_bias[0, 2] (EOS) raised by `eos_bias`, then `generate(input_ids, attention_mask,
+# [global_attention_mask], generation_config=GenerationConfig(**generation.json["beam"], with
+# the changes), return_dict_in_generate=True, output_scores=True)`: sequences[:, 1:] and
+# sequences_scores. (BART's config keeps forced_eos_token_id 2 where the generation config's is
+# None.) These cases fail when a finished hypothesis may still join a full finished set with
+# early_stopping=True, or when only `beam` candidates (not 2 * beam) are drawn per step.
+HF_BEAMS = [
+    ("led", 0.0, dict(length_penalty=2.0, early_stopping=True),
+     [[0, 83, 83, 64, 64, 64, 2, 1, 1, 1, 1, 1], [0, 83, 83, 64, 64, 64, 96, 23, 23, 23, 23, 2]],
+     [-0.2864578664302826, -0.15874646604061127]),
+    ("led", 1.5, dict(length_penalty=2.0, early_stopping="never"),
+     [[0, 83, 83, 64, 87, 87, 87, 87, 87, 87, 23, 2]] * 2,
+     [-0.16652105748653412, -0.16591468453407288]),
+    ("bart", 3.5, dict(length_penalty=2.0, early_stopping=False, forced_bos_token_id=None),
+     [[44, 44, 44, 44, 44, 44, 2, 1, 1, 1, 1, 1]] * 2,
+     [-0.33827564120292664, -0.33991849422454834]),
+]
+
+
+@pytest.mark.parametrize("name,eos_bias,changes,want,want_scores", HF_BEAMS)
+def test_beam_search_follows_hugging_faces_rules_with_other_settings(name, eos_bias, changes,
+                                                                     want, want_scores):
+  model, _, _, gen, memory, mask = _loaded(name)
+  kw = pretrained_seq2seq.generation({**gen["beam"], **changes})
+  bias = model.logits_bias.get_value()
+  raised = np.array(bias)
+  raised[2] += eos_bias
+  model.logits_bias.set_value(jnp.asarray(raised))
+  try:
+    tokens, scores = decoding.beam_search(model, memory, mask, length=12, beam=4, **kw)
+  finally:
+    model.logits_bias.set_value(bias)
+  np.testing.assert_array_equal(np.asarray(tokens), want)
+  np.testing.assert_allclose(np.asarray(scores), want_scores, atol=1e-5)
+
+
+def _copy(tmp_path, name):
+  dest = tmp_path / name
+  shutil.copytree(os.path.join(FIXTURES, name), dest)
+  return str(dest)
+
+
+def _rewrite(path, change):
+  from safetensors.numpy import load_file, save_file
+  file = os.path.join(path, "model.safetensors")
+  tensors = load_file(file)
+  change(tensors)
+  save_file(tensors, file)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_missing_or_misshapen_tensor_is_one_line_naming_it(tmp_path, name):
+  prefix = "model." if name == "bart" else "led."
+  gone = f"{prefix}decoder.layers.1.encoder_attn.k_proj.weight"
+  path = _copy(tmp_path, name)
+  _rewrite(path, lambda t: t.pop(gone))
+  with pytest.raises(pretrained.CheckpointError) as e:
+    pretrained.load(path)
+  assert "\n" not in str(e.value) and repr(gone) in str(e.value) and "missing" in str(e.value)
+  path = _copy(tmp_path / "shape", name)
+  wrong = f"{prefix}encoder.layers.0.fc1.weight"
+  _rewrite(path, lambda t: t.update({wrong: t[wrong][:, :-1].copy()}))
+  with pytest.raises(pretrained.CheckpointError) as e:
+    pretrained.load(path)
+  message = str(e.value)
+  assert "\n" not in message and repr(wrong) in message and "(48, 31)" in message
+
+
+def test_a_config_our_model_cannot_hold_is_refused(tmp_path):
+  path = _copy(tmp_path, "bart")
+  with open(os.path.join(path, "config.json")) as f:
+    config = json.load(f)
+  config["decoder_ffn_dim"] = 64
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f)
+  with pytest.raises(pretrained.CheckpointError, match="decoder_ffn_dim = 64"):
+    pretrained.load(path)
+
+
+def test_an_untied_output_layer_is_refused(tmp_path):
+  path = _copy(tmp_path, "bart")
+  _rewrite(path, lambda t: t.update({"lm_head.weight": t["model.shared.weight"] + 1.0}))
+  with pytest.raises(pretrained.CheckpointError, match="'lm_head.weight' differs"):
+    pretrained.load(path)
