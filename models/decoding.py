@@ -141,11 +141,6 @@ def beam_search(model, memory: jax.Array, memory_mask: jax.Array, *, length: int
   done = jnp.zeros((b, k), bool)
   prev = jnp.full((b * k,), bos_id, jnp.int32)
 
-  def reorder(x, parent):                       # x [B*K, ...]: take each new beam's parent
-    x = x.reshape(b, k, *x.shape[1:])
-    idx = parent.reshape(b, k, *([1] * (x.ndim - 2)))
-    return jnp.take_along_axis(x, idx, axis=1).reshape(b * k, *x.shape[2:])
-
   def body(t, carry):
     state, prev, seqs, scores, done = carry
     logits, state = model.step(state, prev, t)                             # [B*K, V]
@@ -157,8 +152,7 @@ def beam_search(model, memory: jax.Array, memory_mask: jax.Array, *, length: int
     parent, token = flat // v, (flat % v).astype(jnp.int32)
     seqs = jnp.take_along_axis(seqs, parent[..., None], axis=1).at[:, :, t].set(token)
     done = jnp.take_along_axis(done, parent, axis=1) | (token == eos_id)
-    state = {**state, "self": jax.tree.map(lambda x: reorder(x, parent), state["self"]),
-             "mask": reorder(state["mask"], parent)}
+    state = _reorder_cache(state, parent)
     return state, token.reshape(b * k), seqs, scores, done
 
   _, _, seqs, scores, _ = jax.lax.fori_loop(0, length, body, (state, prev, seqs, scores, done))
@@ -172,6 +166,13 @@ def _reorder(x: jax.Array, parent: jax.Array) -> jax.Array:
   x = x.reshape(b, k, *x.shape[1:])
   idx = parent.reshape(b, k, *([1] * (x.ndim - 2)))
   return jnp.take_along_axis(x, idx, axis=1).reshape(b * k, *x.shape[2:])
+
+
+def _reorder_cache(state: dict, parent: jax.Array) -> dict:
+  """The decoding cache of beams `[B*K]` with each new beam's self-attention rows its parent's
+  (the cross-attention keys and values are the same for every beam of an example)."""
+  return {**state, "self": jax.tree.map(lambda x: _reorder(x, parent), state["self"]),
+          "mask": _reorder(state["mask"], parent)}
 
 
 def _gather(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -233,8 +234,7 @@ def _hf_beam_search(model, memory, memory_mask, *, length, beam, bos_id, eos_id,
     best_running = scores[:, :1] / hypothetical ** lp_power
     worst = jnp.where(fdone, jnp.min(fscores, axis=1, keepdims=True), neg)
     unsatisfied = unsatisfied & jnp.any(best_running > worst, axis=-1, keepdims=True)
-    state = {**state, "self": jax.tree.map(lambda x: _reorder(x, parents), state["self"]),
-             "mask": _reorder(state["mask"], parents)}
+    state = _reorder_cache(state, parents)
     prev = _gather(token, keep).reshape(b * k)
     return state, prev, seqs, scores, fseqs, fscores, fdone, unsatisfied
 

@@ -223,3 +223,14 @@ def test_an_untied_output_layer_is_refused(tmp_path):
   _rewrite(path, lambda t: t.update({"lm_head.weight": t["model.shared.weight"] + 1.0}))
   with pytest.raises(pretrained.CheckpointError, match="'lm_head.weight' differs"):
     pretrained.load(path)
+
+
+def test_a_longer_encoder_copies_the_positions_and_computes_the_same():
+  path, ref, _ = _fixture("bart")
+  model, report = pretrained.load(path, max_length=150)
+  table = np.asarray(model.encoder.positions.table.get_value())
+  assert table.shape[0] == 152 and np.array_equal(table[2:66], table[66:130])
+  assert report.notes == ["encoder positions: 64 copied to 150"]
+  memory, _ = model.encode(jnp.asarray(ref["input_ids"]),
+                           key_mask=jnp.asarray(ref["attention_mask"] > 0))
+  _close(memory, ref["encoder_last_hidden_state"], ref["attention_mask"], "encoder output")
