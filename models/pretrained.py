@@ -82,9 +82,9 @@ class Report:
 def read_config(path: str) -> dict[str, Any]:
   """The folder's config.json, checked to name a supported architecture (no tensor is read)."""
   config = _read_json(path)
-  if config.get("model_type") not in SUPPORTED:
+  if config.get("model_type") not in SUPPORTED + SEQ2SEQ:
     raise CheckpointError(f"{path}/config.json: model_type = {config.get('model_type')!r} is "
-                          f"not supported; supported: {', '.join(SUPPORTED)}.")
+                          f"not supported; supported: {', '.join(SUPPORTED + SEQ2SEQ)}.")
   return config
 
 
@@ -296,10 +296,13 @@ def _tile_positions(table: np.ndarray, offset: int, rows: int) -> np.ndarray:
 
 def checkpoint_settings(path: str, config: dict[str, Any] | None = None,
                         tensors: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-  """Our model settings of the encoder checkpoint at `path` (read unless given)."""
+  """Our model settings of the checkpoint at `path` (read unless given)."""
   if config is None or tensors is None:
     config, tensors = read(path)
   kind = config.get("model_type")
+  if kind in SEQ2SEQ:
+    from models.pretrained_seq2seq import seq2seq_settings
+    return seq2seq_settings(config, path)
   if kind not in SUPPORTED:
     raise CheckpointError(f"{path}/config.json: model_type = {kind!r} is not supported; "
                           f"supported: {', '.join(SUPPORTED)}.")
@@ -318,6 +321,9 @@ def assign(encoder, path: str, config: dict[str, Any] | None = None,
   if config is None or tensors is None:
     config, tensors = read(path)
   kind = config.get("model_type")
+  if kind in SEQ2SEQ:   # `encoder` is then the whole encoder-decoder
+    from models.pretrained_seq2seq import assign_seq2seq
+    return assign_seq2seq(encoder, path, config, tensors)
   source = checkpoint_settings(path, config, tensors)
   prefix, lm = _prefix(kind, tensors), _lm(kind, tensors)
   if encoder.lm_head is None:
@@ -427,7 +433,11 @@ def export(model, path: str, architecture: str, like: dict[str, Any] | None = No
   (`config.json`, `model.safetensors`) that `transformers` loads: `architecture` is bert,
   roberta or longformer; `like` a config to start from (the imported one: import then export
   gives back every tensor and field). The tied output embedding is not written, as
-  `save_pretrained` does not write it."""
+  `save_pretrained` does not write it. `architecture` bart or led writes our encoder-decoder
+  (`models.pretrained_seq2seq.export_seq2seq`)."""
+  if architecture in SEQ2SEQ or hasattr(model, "decoder_positions"):   # our LED
+    from models.pretrained_seq2seq import export_seq2seq
+    return export_seq2seq(model, path, architecture, like)
   from safetensors.numpy import save_file
   config = hf_config(model, architecture, like)
   s = model.settings
@@ -448,18 +458,35 @@ def export(model, path: str, architecture: str, like: dict[str, Any] | None = No
 ARCHITECTURE = ("vocab_size", "num_layers", "num_heads", "emb_dim", "qkv_dim", "mlp_dim",
                 "pos_emb", "attention_bias", "norm", "layer_norm_eps", "activation", "embed_norm",
                 "type_vocab_size", "position_offset", "global_projections", "lm_head")
+# An encoder-decoder's (BART, LED) adds the decoder's; its target_length (decoder positions) is
+# the checkpoint's, which must cover the run's.
+SEQ2SEQ_ARCHITECTURE = ARCHITECTURE + ("decoder_layers", "decoder_pos_emb", "embed_scale",
+                                       "target_length")
 
 
-def task_settings(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
+def task_settings(path: str, cfg: dict[str, Any], seq2seq: bool = False) -> dict[str, Any]:
   """The model constructor's fields `cfg` of a run (`lra.train.model_config`) with the
-  architecture of the checkpoint at `path`; the task's token ids must fit its vocabulary."""
+  architecture of the checkpoint at `path`; the task's token ids must fit its vocabulary, and
+  an encoder-decoder task (`seq2seq`) needs a BART or LED checkpoint, any other an encoder's."""
+  config = read_config(path)
+  kind = config["model_type"]
+  if seq2seq != (kind in SEQ2SEQ):
+    task, wanted = (("an encoder-decoder", SEQ2SEQ) if seq2seq else
+                    ("an encoder", SUPPORTED))
+    raise CheckpointError(f"config.init_from_hf = {path}: a {kind} checkpoint, but this task's "
+                          f"model is {task}: give a {' or '.join(wanted)} checkpoint.")
   arch = checkpoint_settings(path)
   if int(cfg.get("vocab_size") or 0) > arch["vocab_size"]:
     raise CheckpointError(f"config.init_from_hf = {path}: the task has {cfg['vocab_size']} token "
                           f"ids, the checkpoint's vocabulary only {arch['vocab_size']}.")
-  return {**cfg, **{name: arch[name] for name in ARCHITECTURE if name in arch}}
+  if seq2seq and int(cfg.get("target_length") or 0) > arch["target_length"]:
+    raise CheckpointError(f"config.init_from_hf = {path}: config.model.target_length = "
+                          f"{cfg['target_length']}, the checkpoint's decoder has only "
+                          f"{arch['target_length']} positions.")
+  names = SEQ2SEQ_ARCHITECTURE if seq2seq else ARCHITECTURE
+  return {**cfg, **{name: arch[name] for name in names if name in arch}}
 
 
-__all__ = ["ARCHITECTURE", "CheckpointError", "Report", "SUPPORTED", "assign",
+__all__ = ["ARCHITECTURE", "SEQ2SEQ_ARCHITECTURE", "CheckpointError", "Report", "SUPPORTED", "assign",
            "checkpoint_settings", "encoder_settings", "export", "hf_config", "load", "read",
            "read_config", "task_settings"]

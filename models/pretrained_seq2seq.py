@@ -33,7 +33,9 @@ LED's recipe from BART's 1,024 positions). A checkpoint that does not fit its co
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -172,14 +174,30 @@ def load_seq2seq(path: str, config: dict[str, Any], tensors: dict[str, np.ndarra
     raise CheckpointError(f"{path}/config.json: model_type = {kind!r} is not an "
                           f"encoder-decoder; supported: {', '.join(ARCHITECTURES)}.")
   seed = int(overrides.pop("seed", 0))
-  values = seq2seq_settings(config, path)
-  source_length = values["max_length"]
-  values.update(overrides)
+  values = {**seq2seq_settings(config, path), **overrides}
   try:
     settings = ModelSettings.from_mapping(values)
   except ValueError as e:
     raise CheckpointError(f"{path}: {e}") from None
   model = LED(settings, rngs=nnx.Rngs(seed))
+  return model, assign_seq2seq(model, path, config, tensors)
+
+
+def _settings(model):
+  """Our `LED`'s settings: its encoder's (built with lm_head off, as the LM head is the
+  decoder's output layer), whose decoder fields are the model's."""
+  import dataclasses
+  return dataclasses.replace(model.encoder.settings, lm_head=model.logits_bias is not None)
+
+
+def assign_seq2seq(model, path: str, config: dict[str, Any], tensors: dict[str, np.ndarray]
+                   ) -> Report:
+  """Writes the BART or LED checkpoint's weights into our `LED` `model` (built with its
+  settings, any encoder max_length, attention kind or dropout: `config.init_from_hf` builds it
+  with the run's); the encoder's learned positions are copied over a longer table."""
+  kind = config.get("model_type")
+  source_length = seq2seq_settings(config, path)["max_length"]
+  settings = _settings(model)
   report = Report(kind, settings.as_dict())
   prefix = _prefix(kind, tensors)
   _check_tied(path, prefix, tensors)
@@ -207,7 +225,82 @@ def load_seq2seq(path: str, config: dict[str, Any], tensors: dict[str, np.ndarra
     variable.set_value(transform(value, shape).astype(variable.get_value().dtype))
     report.mapped[hf] = ours
   report.unused = sorted(n for n in tensors if n not in report.mapped)
-  return model, report
+  return report
+
+
+_HEADS = {"bart": "BartForConditionalGeneration", "led": "LEDForConditionalGeneration"}
+
+
+def hf_seq2seq_config(model, architecture: str, like: dict[str, Any] | None = None
+                      ) -> dict[str, Any]:
+  """The `config.json` of our `LED` `model` as a Hugging Face `architecture` (bart, led):
+  `like` (the imported checkpoint's config) with the fields our settings fix. A setting
+  Hugging Face's model does not have raises ValueError naming it."""
+  s = _settings(model)
+  if architecture not in ARCHITECTURES:
+    raise ValueError(f"architecture = {architecture!r}: must be one of "
+                     f"{', '.join(ARCHITECTURES)}.")
+  offset = 2 if architecture == "bart" else 0
+  wrong = {name: getattr(s, name) for name, want in
+           (("norm", "post"), ("attention_bias", True), ("embed_norm", True),
+            ("pos_emb", "learned"), ("decoder_pos_emb", "learned"), ("lm_head", True),
+            ("layer_norm_eps", 1e-5), ("position_offset", offset), ("qkv_dim", s.emb_dim))
+           if getattr(s, name) != want}
+  scaled = s.embed_scale != 1.0
+  if scaled and (architecture == "led" or abs(s.embed_scale - math.sqrt(s.emb_dim)) > 1e-6):
+    wrong["embed_scale"] = s.embed_scale
+  names = {v: k for k, v in pretrained.ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}
+  if s.activation not in names:
+    wrong["activation"] = s.activation
+  specs = s.layer_specs()
+  if architecture == "bart":
+    if any(spec.get("kind") != "dot_product" for spec in specs):
+      wrong["attention"] = sorted({str(spec.get("kind")) for spec in specs})
+    if s.max_length != s.target_length:
+      wrong["max_length"] = f"{s.max_length} (target_length {s.target_length})"
+  elif any(spec.get("kind") != "band" or spec.get("dilation", 1) not in (1, None)
+           for spec in specs) or not s.global_projections:
+    wrong["attention"] = (f"{sorted({str(spec.get('kind')) for spec in specs})}, "
+                          f"global_projections={s.global_projections}")
+  if wrong:
+    raise ValueError(f"this model has no Hugging Face {architecture} equivalent: "
+                     f"{', '.join(f'{k}={v!r}' for k, v in wrong.items())}.")
+  config = dict(like or {})
+  config.update(
+      model_type=architecture, vocab_size=s.vocab_size, d_model=s.emb_dim,
+      encoder_layers=s.num_layers, decoder_layers=s.decoder_layers,
+      encoder_attention_heads=s.num_heads, decoder_attention_heads=s.num_heads,
+      encoder_ffn_dim=s.mlp_dim, decoder_ffn_dim=s.mlp_dim,
+      activation_function=names[s.activation], dropout=s.dropout)
+  if architecture == "bart":
+    config.update(max_position_embeddings=s.max_length, scale_embedding=scaled)
+  else:
+    config.update(max_encoder_position_embeddings=s.max_length,
+                  max_decoder_position_embeddings=s.target_length,
+                  attention_window=[2 * int(spec["window"]) for spec in specs])
+  config.setdefault("architectures", [_HEADS[architecture]])
+  return config
+
+
+def export_seq2seq(model, path: str, architecture: str,
+                   like: dict[str, Any] | None = None) -> None:
+  """Writes our `LED` `model` to the folder `path` as a Hugging Face `architecture` (bart, led)
+  `...ForConditionalGeneration` checkpoint (`config.json`, `model.safetensors`); `like` a config
+  to start from (the imported one: import then export gives back every tensor and field). The
+  tied copies of `shared.weight` (both embed_tokens and lm_head.weight) are not written, as
+  `save_pretrained` does not write them."""
+  from safetensors.numpy import save_file
+  config = hf_seq2seq_config(model, architecture, like)
+  prefix = "model." if architecture == "bart" else "led."
+  inverses = {**pretrained.INVERSES, "row": lambda w: w.reshape(1, -1)}
+  tensors = {}
+  for hf, ours, how in _seq2seq_entries(prefix, config):
+    value = np.asarray(_target(model, ours).get_value())
+    tensors[hf] = np.ascontiguousarray(inverses[how](value), np.float32)
+  os.makedirs(path, exist_ok=True)
+  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f, indent=2, sort_keys=True)
 
 
 def generation(config: dict[str, Any]) -> dict[str, Any]:
@@ -231,4 +324,5 @@ def generation(config: dict[str, Any]) -> dict[str, Any]:
           "eos_id": int(get("eos_token_id")), "hf": hf}
 
 
-__all__ = ["ARCHITECTURES", "generation", "load_seq2seq", "seq2seq_settings"]
+__all__ = ["ARCHITECTURES", "assign_seq2seq", "export_seq2seq", "generation", "hf_seq2seq_config",
+           "load_seq2seq", "seq2seq_settings"]

@@ -234,3 +234,63 @@ def test_a_longer_encoder_copies_the_positions_and_computes_the_same():
   memory, _ = model.encode(jnp.asarray(ref["input_ids"]),
                            key_mask=jnp.asarray(ref["attention_mask"] > 0))
   _close(memory, ref["encoder_last_hidden_state"], ref["attention_mask"], "encoder output")
+
+
+# Export: our encoder-decoder as a Hugging Face BART or LED checkpoint.
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_import_then_export_gives_back_every_tensor_and_config_field(tmp_path, name):
+  from safetensors.numpy import load_file
+  path, _, _ = _fixture(name)
+  model, report = pretrained.load(path)
+  with open(os.path.join(path, "config.json")) as f:
+    like = json.load(f)
+  pretrained.export(model, str(tmp_path / "out"), report.architecture, like)
+  theirs = load_file(os.path.join(path, "model.safetensors"))
+  ours = load_file(str(tmp_path / "out" / "model.safetensors"))
+  assert sorted(ours) == sorted(theirs) and len(theirs) == {"bart": 92, "led": 104}[name]
+  for key in theirs:
+    np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+  assert json.loads((tmp_path / "out" / "config.json").read_text()) == like
+  # Without `like`, the fields our settings fix are the checkpoint's all the same.
+  fixed = pretrained_seq2seq.hf_seq2seq_config(model, name)
+  assert fixed == {k: like[k] for k in fixed}
+
+
+def test_an_exported_led_loads_in_transformers_and_gives_the_fixtures_logits(tmp_path):
+  """Our LED written with no config to start from: Hugging Face's own model, with its defaults
+  for the token ids, computes the fixture's logits (the reference recorded from the original)."""
+  pytest.importorskip("transformers")
+  import torch
+  from transformers import LEDForConditionalGeneration
+  path, ref, _ = _fixture("led")
+  model, _ = pretrained.load(path)
+  pretrained.export(model, str(tmp_path / "out"), "led")
+  hf = LEDForConditionalGeneration.from_pretrained(str(tmp_path / "out")).eval()
+  args = {k: torch.as_tensor(ref[k]) for k in ("input_ids", "attention_mask",
+                                               "global_attention_mask", "decoder_input_ids",
+                                               "decoder_attention_mask")}
+  with torch.no_grad():
+    logits = hf(**args).logits.numpy()
+  _close(logits, ref["logits"], ref["decoder_attention_mask"], "transformers' logits")
+
+
+def test_a_model_without_a_hugging_face_equivalent_is_refused():
+  from flax import nnx
+
+  from models.seq2seq import LED
+  path, _, _ = _fixture("led")
+  with open(os.path.join(path, "config.json")) as f:
+    settings = pretrained_seq2seq.seq2seq_settings(json.load(f))
+  cases = [({"norm": "pre"}, "led", "norm='pre'"),
+           ({"attention": {"kind": "dot_product"}, "layer_attention": ()}, "led",
+            "attention="),
+           ({"decoder_pos_emb": "sinusoidal"}, "led", "decoder_pos_emb='sinusoidal'"),
+           ({}, "bart", "position_offset=0"),
+           ({}, "t5", "must be one of bart, led")]
+  for change, architecture, says in cases:
+    model = LED({**settings, **change, "max_length": 64}, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError) as e:
+      pretrained.export(model, "/nonexistent/never-written", architecture)
+    assert "\n" not in str(e.value) and says in str(e.value), (change, str(e.value))
