@@ -26,6 +26,9 @@ def dry_run_steps(value: str | None) -> int | None:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Checks every value of `config` and, for a staged one, of each phase's config (no jax)."""
+  if config.get("init_from") and config.get("init_from_hf"):
+    raise ValueError(f"config.init_from_hf = {config.init_from_hf!r}: give init_from or "
+                     f"init_from_hf, not both (init_from = {config.init_from!r}).")
   schema.check(config)
   for k in range(len(config.get("phases") or ())):
     schema.check(phases.phase_config(config, k), context=f"config.phases[{k}] gives ")

@@ -191,7 +191,7 @@ def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
     for k in range(count):
       phase_dir = storage.join(workdir, f"phase{k + 1}")
       c = phase_config(config, k)
-      if k > 0:
+      if k > 0:   # from the previous phase (in init_from_hf's architecture, if given)
         with c.unlocked():
           c.init_from = storage.join(workdir, f"phase{k}", "checkpoints")
       earlier = finished_results(phase_dir)

@@ -433,16 +433,15 @@ def check_memory(config) -> None:
 
 def _check_init_from_hf(config: ml_collections.ConfigDict) -> None:
   """`init_from_hf`: a local Hugging Face checkpoint folder of a supported architecture (its
-  config.json is read; the tensors when the run starts), not together with `init_from`."""
+  config.json is read; the tensors when the run starts). A user gives it or `init_from`, not
+  both (`launch.checks.check_config`); a later phase of a staged run has both, and starts from
+  the previous phase's parameters in the checkpoint's architecture."""
   path = config.get("init_from_hf") if hasattr(config, "get") else None
   if not path:
     return
   if not isinstance(path, str):
     raise ValueError(f"config.init_from_hf = {path!r}: must be a folder path (a local Hugging "
                      f"Face checkpoint) or '' for none.")
-  if config.get("init_from"):
-    raise ValueError(f"config.init_from_hf = {path!r}: give init_from or init_from_hf, not both "
-                     f"(init_from = {config.init_from!r}).")
   from models import pretrained
   try:
     pretrained.read_config(path)

@@ -242,3 +242,22 @@ def test_a_training_run_starts_from_a_hugging_face_checkpoint(tmp_path, capsys):
   assert table.shape[0] == 100 + 2                    # mean pooling: no CLS; RoBERTa's offset 2
   np.testing.assert_array_equal(table[66:], np.asarray(source.positions.table.get_value())[2:38])
   assert np.isfinite(results["test_loss"])
+
+
+@pytest.mark.slow
+def test_self_pretraining_continues_from_a_hugging_face_checkpoint(tmp_path):
+  """`protocol=spt` with `init_from_hf`: phase 1 (masked LM) starts from the checkpoint, phase 2
+  from phase 1 in the checkpoint's architecture; at learning rate 0 both keep its weights."""
+  import configs.common
+  import length_extension_test as tiny_runs
+  from lra import phases
+  path, _ = _fixture("roberta")
+  source, _ = pretrained.load(path)
+  config = tiny_runs.tiny(str(tmp_path / "data"), 40, init_from_hf=path, learning_rate=0.0,
+                          protocol="spt", num_train_steps=2, **{"pretrain.learning_rate": 0.0})
+  results = phases.run(configs.common.apply_protocol(config), str(tmp_path / "run"))
+  assert len(results["phases"]) == 2
+  encoder = results["state"]["params"]["encoder"]
+  np.testing.assert_array_equal(
+      np.asarray(encoder["blocks"][0]["mlp"]["fc1"]["kernel"]),
+      np.asarray(source.blocks[0].mlp.fc1.kernel.get_value()))
