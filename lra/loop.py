@@ -212,18 +212,20 @@ class Run:
     return loaded
 
   def _hf_params(self):
-    """The parameters of a fresh model whose encoder holds the weights of the Hugging Face
-    checkpoint `config.init_from_hf` (its positions copied over a longer table), placed as the
-    state's parameters are."""
+    """The parameters of a fresh model whose encoder (or whole encoder-decoder, from a BART or
+    LED checkpoint) holds the weights of the Hugging Face checkpoint `config.init_from_hf` (its
+    positions copied over a longer table), placed as the state's parameters are."""
     from models import pretrained
     path = str(self.config.init_from_hf)
     model = self.trainer.task.build_model(self.trainer.model_cfg,
                                           nnx.Rngs(int(self.config.seed)))
-    report = pretrained.assign(getattr(model, "encoder", model), path)
+    whole = pretrained.read_config(path)["model_type"] in pretrained.SEQ2SEQ
+    report = pretrained.assign(model if whole else getattr(model, "encoder", model), path)
     params = nnx.split(model, nnx.Param, ...)[1]
     params = jax.tree.map(lambda x, s: jax.device_put(x, s), params, self.trainer.param_sh)
     notes = "".join(f"; {note}" for note in report.notes)
-    print(f"Initialised the encoder from the {report.architecture} checkpoint {path} "
+    what = "model" if whole else "encoder"
+    print(f"Initialised the {what} from the {report.architecture} checkpoint {path} "
           f"({len(report.mapped)} tensors{notes}).", flush=True)
     return params
 

@@ -60,8 +60,10 @@ def model_config(config: ml_collections.ConfigDict, task) -> dict[str, Any]:
   cfg.update(vocab_size=task.vocab_size, num_classes=task.num_classes, max_length=max_length,
              remat=str(config.get("remat", "none")), dtype=str(config.get("dtype", "float32")))
   if config.get("init_from_hf"):   # the architecture of a Hugging Face checkpoint
+    from lra.tasks.seq2seq import Seq2SeqTask
     from models import pretrained
-    cfg = pretrained.task_settings(str(config.init_from_hf), cfg)
+    cfg = pretrained.task_settings(str(config.init_from_hf), cfg,
+                                   seq2seq=isinstance(task, Seq2SeqTask))
   return cfg
 
 

@@ -43,7 +43,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attention
-from attention import backends
 from models import sequence, settings
 from models.attention_layer import MultiHeadAttention, split_spec
 from models.embeddings import PositionEmbedding, sinusoidal_table
@@ -59,29 +58,29 @@ def _fold(rng, i: int):
 class GlobalBandAttention(MultiHeadAttention):
   """The encoder's band self-attention with its first `num_global` real tokens global.
 
-  The projections and arguments are those of `MultiHeadAttention`; the call hands
-  `band_attention` a `global_mask` of the first `num_global` positions (where real).
+  The projections and arguments are those of `MultiHeadAttention` (biases and Longformer's
+  global projections included, as an imported BART or LED has them); the call hands it a
+  `global_mask` of the first `num_global` positions (where real), or-ed with the caller's.
   """
 
   def __init__(self, *args, num_global: int, **kwargs):
     super().__init__(*args, global_tokens=int(num_global) > 0, **kwargs)
     self.num_global = int(num_global)
+    self.args = {**self.args, "max_global": max(self.args.get("max_global") or 0,
+                                                self.num_global)}
 
-  def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None) -> jax.Array:
-    del rng  # band attention draws nothing
+  def __call__(self, x: jax.Array, key_mask: jax.Array | None, *, rng=None,
+               global_mask: jax.Array | None = None) -> jax.Array:
     if sequence.devices() > 1:
       raise ValueError("global tokens in the LED encoder need the whole sequence on each "
                        "device: use config.mesh.sequence=1.")
     b, length, _ = x.shape
-    proj = lambda w: jnp.einsum("ble,ehd->blhd", x, w[...].astype(x.dtype))  # [B, L, H, Dh]
     if key_mask is None:
       key_mask = jnp.ones((b, length), bool)
     glob = (jnp.arange(length) < self.num_global)[None, :] & key_mask          # [B, L]
-    args = {**self.args, "max_global": max(self.args.get("max_global") or 0, self.num_global)}
-    band = backends.function(self.kind, self.implementation)
-    out = band(proj(self.query), proj(self.key), proj(self.value), key_mask=key_mask,
-               global_mask=glob, **args)                                   # [B, L, H, Dh]
-    return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))  # [B, L, E]
+    if global_mask is not None:
+      glob = glob | (global_mask & key_mask)
+    return super().__call__(x, key_mask, rng=rng, global_mask=glob)           # [B, L, E]
 
 
 def led_encoder(cfg: ModelSettings | Mapping[str, Any], *, rngs: nnx.Rngs) -> Encoder:
@@ -97,7 +96,8 @@ def led_encoder(cfg: ModelSettings | Mapping[str, Any], *, rngs: nnx.Rngs) -> En
     if split_spec(spec)[0] == "band":
       block.attention = GlobalBandAttention(
           s.emb_dim, s.num_heads, s.qkv_dim, spec, max_length=s.max_length, layer_index=i,
-          num_global=num_global, rngs=rngs)
+          num_global=num_global, bias=s.attention_bias,
+          global_projections=s.global_projections, rngs=rngs)
   return enc
 
 

@@ -294,3 +294,106 @@ def test_a_model_without_a_hugging_face_equivalent_is_refused():
     with pytest.raises(ValueError) as e:
       pretrained.export(model, "/nonexistent/never-written", architecture)
     assert "\n" not in str(e.value) and says in str(e.value), (change, str(e.value))
+
+
+# config.init_from_hf for the encoder-decoder task (sort_marked).
+
+
+def _sort_marked(data_dir, **overrides):
+  import configs
+  import task_helpers
+  settings = dict(max_length=64, min_length=32, num_train=16, num_val=8, num_test=8)
+  c = configs.build_config("sort_marked", size="small", overrides=[
+      ("data.data_dir", data_dir), *((f"data.{k}", str(v)) for k, v in settings.items())])
+  c.batch_size, c.eval_batch_size = 8, 8
+  c.num_train_steps, c.warmup_steps = 1, 1
+  c.log_every, c.eval_every, c.checkpoint_every = 1, 100, 100
+  c.progress = False
+  return task_helpers.override(c, overrides)
+
+
+def _led_with_vocabulary(path, vocab_size):
+  """An LED checkpoint with the fixture's architecture and `vocab_size` token ids (our random
+  weights, exported): sort_marked's vocabulary is 256 ids, the fixture's 101."""
+  from flax import nnx
+
+  from models.seq2seq import LED
+  fixture, _, _ = _fixture("led")
+  with open(os.path.join(fixture, "config.json")) as f:
+    like = json.load(f)
+  settings = pretrained_seq2seq.seq2seq_settings(like)
+  model = LED({**settings, "vocab_size": vocab_size}, rngs=nnx.Rngs(7))
+  pretrained.export(model, path, "led", like)
+  return path
+
+
+def test_the_fixture_cannot_start_sort_marked_its_vocabulary_is_too_small(tmp_path):
+  """sort_marked's vocabulary is marked_sort.MAX_VOCAB = 256 ids (the embedding has a row for
+  every id the generator may write), the led fixture's 101: the run is refused at once."""
+  from lra import train
+  path, _, _ = _fixture("led")
+  config = _sort_marked(str(tmp_path / "data"), init_from_hf=path)
+  with pytest.raises(pretrained.CheckpointError) as e:
+    train.model_config(config, _task("sort_marked"))
+  assert "\n" not in str(e.value) and "the task has 256 token ids" in str(e.value)
+  assert "vocabulary only 101" in str(e.value)
+
+
+def _task(name):
+  from lra.tasks import get_task
+  return get_task(name)
+
+
+def test_task_and_checkpoint_kinds_that_do_not_fit_are_one_line_errors(tmp_path):
+  from lra import schema, train
+  led = _led_with_vocabulary(str(tmp_path / "led256"), 256)
+  roberta = os.path.join(FIXTURES, "roberta")
+  config = _sort_marked(str(tmp_path / "data"), init_from_hf=roberta)
+  with pytest.raises(pretrained.CheckpointError, match="a roberta checkpoint, but this task's "
+                     "model is an encoder-decoder: give a bart or led checkpoint"):
+    train.model_config(config, _task("sort_marked"))
+  import length_extension_test as tiny_runs
+  config = tiny_runs.tiny(str(tmp_path / "data"), 100, init_from_hf=led)
+  with pytest.raises(pretrained.CheckpointError, match="a led checkpoint, but this task's "
+                     "model is an encoder: give a bert or roberta"):
+    train.model_config(config, _task("listops"))
+  config = _sort_marked(str(tmp_path / "data"), init_from_hf=led)
+  config.model.target_length = 65
+  with pytest.raises(pretrained.CheckpointError, match="target_length = 65, the checkpoint's "
+                     "decoder has only 64 positions"):
+    train.model_config(config, _task("sort_marked"))
+  for name in NAMES:   # lra.schema reads the folder's config.json: bart and led pass
+    schema._check_init_from_hf(_sort_marked(str(tmp_path / "data"),
+                                            init_from_hf=os.path.join(FIXTURES, name)))
+
+
+@pytest.mark.slow
+def test_a_sort_marked_run_starts_from_an_led_checkpoint(tmp_path, capsys):
+  """`config.init_from_hf` with an LED checkpoint: the whole encoder-decoder has its
+  architecture and weights (encoder positions cut to the run's 64, decoder's all 64), the run's
+  band attention with the first token global; with a zero learning rate the trained model is
+  still the checkpoint's, every parameter."""
+  from lra import train
+  path = _led_with_vocabulary(str(tmp_path / "led256"), 256)
+  source, _ = pretrained.load(path)
+  config = _sort_marked(str(tmp_path / "data"), init_from_hf=path, learning_rate=0.0)
+  cfg = train.model_config(config, _task("sort_marked"))
+  assert (cfg["emb_dim"], cfg["num_layers"], cfg["decoder_layers"], cfg["target_length"],
+          cfg["max_length"], cfg["num_global"]) == (32, 2, 2, 64, 64, 1)
+  assert cfg["attention"] == {**config.model.attention.to_dict()} and cfg["pos_emb"] == "learned"
+  results = train.train_and_evaluate(config, str(tmp_path / "run"))
+  out = capsys.readouterr().out
+  assert "Initialised the model from the led checkpoint" in out and "64 copied to 64" not in out
+  from flax import nnx
+  want = nnx.to_pure_dict(nnx.state(source, nnx.Param))
+  got = results["state"]["params"]
+  flat = lambda tree: {jax.tree_util.keystr(k).removesuffix(".value"): np.asarray(v)
+                       for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+  flat_want, flat_got = flat(want), flat(got)
+  assert sorted(flat_got) == sorted(flat_want) and len(flat_want) > 100
+  for key, value in flat_want.items():
+    if key == "['encoder']['positions']['table']":
+      assert value.shape[0] == 1024
+      value = value[:64]                          # the run's 64 of the checkpoint's 1,024
+    np.testing.assert_array_equal(flat_got[key], value, err_msg=key)
+  assert np.isfinite(results["test_loss"])
