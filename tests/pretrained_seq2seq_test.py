@@ -397,3 +397,46 @@ def test_a_sort_marked_run_starts_from_an_led_checkpoint(tmp_path, capsys):
       value = value[:64]                          # the run's 64 of the checkpoint's 1,024
     np.testing.assert_array_equal(flat_got[key], value, err_msg=key)
   assert np.isfinite(results["test_loss"])
+
+
+# LED's recipe: BART's positions copied 4 times, band attention with the first token global.
+
+
+def test_bart_becomes_a_band_encoder_with_a_global_first_token_at_4x_its_positions():
+  """The bart fixture (64 positions) loaded with max_length 256, band attention and LED's global
+  first token: the positions are BART's copied 4 times; on the fixture's inputs (24 tokens)
+  with a window covering them it computes the dense original's encoder output, logits and
+  greedy tokens (Hugging Face's); on 256 tokens it decodes (greedy), and there a narrower
+  window and the global token change the encoder output."""
+  path, ref, gen = _fixture("bart")
+  model, report = pretrained.load(path, max_length=256, num_global=1,
+                                  attention={"kind": "band", "window": 24})
+  assert report.unused == [] and report.notes == ["encoder positions: 64 copied to 256"]
+  table = np.asarray(model.encoder.positions.table.get_value())
+  assert table.shape == (258, 32)
+  for k in range(4):
+    np.testing.assert_array_equal(table[2 + 64 * k:66 + 64 * k], table[2:66])
+  assert type(model.encoder.blocks[0].attention).__name__ == "GlobalBandAttention"
+  memory, mask = model.encode(jnp.asarray(ref["input_ids"]),
+                              key_mask=jnp.asarray(ref["attention_mask"] > 0))
+  _close(memory, ref["encoder_last_hidden_state"], ref["attention_mask"], "band encoder")
+  _, logits = _decoder(model, memory, mask, ref)
+  _close(logits, ref["logits"], ref["decoder_attention_mask"], "logits")
+  kw = pretrained_seq2seq.generation(gen["greedy"])
+  length = gen["greedy"]["max_new_tokens"]
+  tokens = decoding.greedy(model, memory, mask, length=length, **kw)
+  np.testing.assert_array_equal(np.asarray(tokens),
+                                _hf_tokens(ref["greedy_tokens"], length, kw["hf"].pad_id))
+  # 256 tokens: BART's 64 positions could not hold them; the band model decodes them.
+  ids = jnp.asarray(np.random.default_rng(0).integers(3, 101, (2, 256)))
+  long_memory, long_mask = model.encode(ids)
+  assert long_memory.shape == (2, 256, 32) and np.isfinite(np.asarray(long_memory)).all()
+  out = np.asarray(decoding.greedy(model, long_memory, long_mask, length=length, **kw))
+  assert out.shape == (2, length) and out[:, 0].tolist() == [0, 0]   # forced BOS
+  outputs = {}
+  for glob in (0, 1):
+    narrow, _ = pretrained.load(path, max_length=256, num_global=glob,
+                                attention={"kind": "band", "window": 8})
+    outputs[glob] = np.asarray(narrow.encode(ids)[0])
+  assert np.abs(outputs[1] - np.asarray(long_memory)).max() > 1e-3    # the window matters
+  assert np.abs(outputs[1] - outputs[0])[:, 0].max() > 1e-3           # so does the global token
