@@ -487,6 +487,6 @@ def task_settings(path: str, cfg: dict[str, Any], seq2seq: bool = False) -> dict
   return {**cfg, **{name: arch[name] for name in names if name in arch}}
 
 
-__all__ = ["ARCHITECTURE", "SEQ2SEQ_ARCHITECTURE", "CheckpointError", "Report", "SUPPORTED", "assign",
-           "checkpoint_settings", "encoder_settings", "export", "hf_config", "load", "read",
+__all__ = ["ARCHITECTURE", "SEQ2SEQ_ARCHITECTURE", "CheckpointError", "Report", "SUPPORTED",
+           "assign", "checkpoint_settings", "encoder_settings", "export", "hf_config", "load", "read",
            "read_config", "task_settings"]
