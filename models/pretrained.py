@@ -488,5 +488,5 @@ def task_settings(path: str, cfg: dict[str, Any], seq2seq: bool = False) -> dict
 
 
 __all__ = ["ARCHITECTURE", "SEQ2SEQ_ARCHITECTURE", "CheckpointError", "Report", "SUPPORTED",
-           "assign", "checkpoint_settings", "encoder_settings", "export", "hf_config", "load", "read",
-           "read_config", "task_settings"]
+           "assign", "checkpoint_settings", "encoder_settings", "export", "hf_config", "load",
+           "read", "read_config", "task_settings"]

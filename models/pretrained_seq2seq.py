@@ -29,6 +29,14 @@ decoder's `last_hidden_state` and `model.decode(...)` the logits. `generation(co
 encoder `max_length` copies the learned positions over the longer table (`pretrained`'s tiling,
 LED's recipe from BART's 1,024 positions). A checkpoint that does not fit its config raises
 `pretrained.CheckpointError` with one line naming the tensor or field.
+
+`assign_seq2seq(model, ...)` writes a checkpoint into an `LED` built elsewhere: a run's
+`config.init_from_hf` builds it with the checkpoint's architecture and the run's attention,
+length and `num_global` (`pretrained.task_settings`). `export_seq2seq(model, path, "bart" |
+"led", like)` is the way back, through `pretrained.INVERSES`: a `...ForConditionalGeneration`
+checkpoint that transformers loads, `shared.weight` written once as `save_pretrained` does; a
+model Hugging Face's has no equivalent of (pre-LayerNorm, sinusoidal decoder positions, a BART
+with band attention, ...) is refused, naming the settings.
 """
 
 from __future__ import annotations
