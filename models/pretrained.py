@@ -457,10 +457,11 @@ def export(model, path: str, architecture: str, like: dict[str, Any] | None = No
 # architecture. The run's config keeps the attention kind, the length and the dropout.
 ARCHITECTURE = ("vocab_size", "num_layers", "num_heads", "emb_dim", "qkv_dim", "mlp_dim",
                 "pos_emb", "attention_bias", "norm", "layer_norm_eps", "activation", "embed_norm",
-                "type_vocab_size", "position_offset", "global_projections", "lm_head")
+                "embed_scale", "type_vocab_size", "position_offset", "global_projections",
+                "lm_head")
 # An encoder-decoder's (BART, LED) adds the decoder's; its target_length (decoder positions) is
 # the checkpoint's, which must cover the run's.
-SEQ2SEQ_ARCHITECTURE = ARCHITECTURE + ("decoder_layers", "decoder_pos_emb", "embed_scale",
+SEQ2SEQ_ARCHITECTURE = ARCHITECTURE + ("decoder_layers", "decoder_pos_emb",
                                        "target_length")
 
 

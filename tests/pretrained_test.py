@@ -261,3 +261,14 @@ def test_self_pretraining_continues_from_a_hugging_face_checkpoint(tmp_path):
   np.testing.assert_array_equal(
       np.asarray(encoder["blocks"][0]["mlp"]["fc1"]["kernel"]),
       np.asarray(source.blocks[0].mlp.fc1.kernel.get_value()))
+
+
+def test_a_task_model_takes_the_checkpoints_whole_architecture(tmp_path):
+  """`init_from_hf`'s settings: BigBird's rescaled embeddings included, the run's attention."""
+  folder = _copy(tmp_path, "bigbird_full")
+  _edit_config(folder, rescale_embeddings=True)
+  cfg = {"vocab_size": 50, "max_length": 300, "attention": {"kind": "band", "window": 8},
+         "emb_dim": 128, "norm": "pre", "embed_scale": 1.0}
+  out = pretrained.task_settings(str(folder), cfg)
+  assert out["embed_scale"] == pytest.approx(32 ** 0.5)
+  assert (out["emb_dim"], out["norm"], out["attention"]["kind"]) == (32, "post", "band")
