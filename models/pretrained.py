@@ -40,45 +40,21 @@ naming the file, field or tensor and what was expected.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+
+from models.hf_format import (ACTIVATIONS, INVERSES, TRANSFORMS, CheckpointError, Report,
+                              field as _field, read, read_json as _read_json,
+                              target as _target, tile_positions as _tile_positions)
 
 SUPPORTED = ("bert", "roberta", "longformer", "big_bird")
 EXPORTS = ("bert", "roberta", "longformer")     # what `export` writes
 # The prefix of a head model's encoder tensors, where it is not the model_type.
 PREFIXES = {"big_bird": "bert"}
 SEQ2SEQ = ("bart", "led")        # encoder-decoders: models.pretrained_seq2seq
-ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-               "relu": "relu"}
-
-
-class CheckpointError(ValueError):
-  """A checkpoint folder that cannot be imported; the message is one line."""
-
-
-@dataclasses.dataclass
-class Report:
-  """What `load` did: the architecture, the settings built, each tensor's place in our model,
-  the checkpoint's tensors our model has no use for, and notes (positions copied, ...)."""
-
-  architecture: str
-  settings: dict[str, Any]
-  mapped: dict[str, str] = dataclasses.field(default_factory=dict)
-  unused: list[str] = dataclasses.field(default_factory=list)
-  notes: list[str] = dataclasses.field(default_factory=list)
-
-  def __str__(self) -> str:
-    lines = [f"{self.architecture}: {len(self.mapped)} tensors mapped, {len(self.unused)} unused"]
-    lines += [f"  {hf} -> {ours}" for hf, ours in self.mapped.items()]
-    lines += [f"  unused: {name}" for name in self.unused]
-    lines += [f"  note: {note}" for note in self.notes]
-    return "\n".join(lines)
-
-
 def read_config(path: str) -> dict[str, Any]:
   """The folder's config.json, checked to name a supported architecture (no tensor is read)."""
   config = _read_json(path)
@@ -86,54 +62,6 @@ def read_config(path: str) -> dict[str, Any]:
     raise CheckpointError(f"{path}/config.json: model_type = {config.get('model_type')!r} is "
                           f"not supported; supported: {', '.join(SUPPORTED + SEQ2SEQ)}.")
   return config
-
-
-def _read_json(path: str) -> dict[str, Any]:
-  if not os.path.isdir(path):
-    raise CheckpointError(f"{path}: not a folder (give a local Hugging Face checkpoint folder "
-                          f"with config.json and model.safetensors).")
-  config_path = os.path.join(path, "config.json")
-  if not os.path.isfile(config_path):
-    raise CheckpointError(f"{config_path}: missing (a Hugging Face checkpoint folder has it).")
-  try:
-    with open(config_path) as f:
-      config = json.load(f)
-  except (OSError, ValueError) as e:
-    raise CheckpointError(f"{config_path}: not readable JSON ({e}).") from None
-  if not isinstance(config, dict):
-    raise CheckpointError(f"{config_path}: must hold a JSON object.")
-  return config
-
-
-def read(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """(config.json as a dict, every tensor of the folder by name as float32 or int arrays)."""
-  config = _read_json(path)
-  from safetensors.numpy import load_file   # imported here: reading configs needs no tensors
-  index = os.path.join(path, "model.safetensors.index.json")
-  if os.path.isfile(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f).get("weight_map", {}).values()))
-  else:
-    files = ["model.safetensors"]
-  tensors: dict[str, np.ndarray] = {}
-  for name in files:
-    file = os.path.join(path, name)
-    if not os.path.isfile(file):
-      raise CheckpointError(f"{file}: missing (only safetensors checkpoints are read: save with "
-                            f"save_pretrained(..., safe_serialization=True)).")
-    try:
-      tensors.update(load_file(file))
-    except Exception as e:  # safetensors raises its own error types for damaged files
-      raise CheckpointError(f"{file}: not a readable safetensors file ({e}).") from None
-  return config, tensors
-
-
-def _field(config: dict[str, Any], name: str, path: str, default: Any = None) -> Any:
-  value = config.get(name, default)
-  if value is None:
-    raise CheckpointError(f"{path}/config.json: field {name!r} is missing (a "
-                          f"{config.get('model_type')} config has it).")
-  return value
 
 
 def _activation(config: dict[str, Any], path: str) -> str:
@@ -188,26 +116,6 @@ def encoder_settings(config: dict[str, Any], path: str = ".") -> dict[str, Any]:
       raise CheckpointError(f"{path}/config.json: attention_type = {attention_type!r}: must be "
                             f"block_sparse or original_full.")
   return out
-
-
-# How a tensor becomes one of ours, by name: (its Hugging Face shape given ours, the map).
-#   copy: the same array; heads: a bias [H*Dh] -> [H, Dh]; linear: a torch Linear weight
-#   [out, in] -> our kernel [in, out] (the query [E, H, Dh]); heads_out: the output projection's
-#   weight [E, H*Dh] -> [H, Dh, E].
-TRANSFORMS: dict[str, tuple[Callable[[tuple[int, ...]], tuple[int, ...]],
-                            Callable[[np.ndarray, tuple[int, ...]], np.ndarray]]] = {
-    "copy": (lambda shape: shape, lambda w, shape: w),
-    "heads": (lambda shape: (int(np.prod(shape)),), lambda w, shape: w.reshape(shape)),
-    "linear": (lambda shape: (int(np.prod(shape[1:])), shape[0]),
-               lambda w, shape: w.T.reshape(shape)),
-    "heads_out": (lambda shape: (shape[-1], int(np.prod(shape[:-1]))),
-                  lambda w, shape: w.T.reshape(shape)),
-}
-# The way back (export): our array -> the Hugging Face tensor.
-INVERSES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "copy": lambda w: w, "heads": lambda w: w.reshape(-1),
-    "linear": lambda w: w.reshape(w.shape[0], -1).T,
-    "heads_out": lambda w: w.reshape(-1, w.shape[-1]).T}
 
 
 def _encoder_entries(prefix: str, config: dict[str, Any], *, lm: str | None
@@ -278,20 +186,6 @@ def _lm(kind: str, tensors: dict[str, np.ndarray]) -> str | None:
   if "cls.predictions.bias" in tensors:
     return "bert"
   return None
-
-
-def _target(model, path: str):
-  node = model
-  for part in path.split("."):
-    node = node[int(part)] if part.isdigit() else getattr(node, part)
-  return node
-
-
-def _tile_positions(table: np.ndarray, offset: int, rows: int) -> np.ndarray:
-  """Longformer's copy: the rows after `offset` repeated to fill `rows` positions."""
-  body = table[offset:]
-  reps = -(-rows // body.shape[0])
-  return np.concatenate([table[:offset], np.tile(body, (reps, 1))[:rows]], axis=0)
 
 
 def checkpoint_settings(path: str, config: dict[str, Any] | None = None,

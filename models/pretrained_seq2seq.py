@@ -33,7 +33,7 @@ LED's recipe from BART's 1,024 positions). A checkpoint that does not fit its co
 `assign_seq2seq(model, ...)` writes a checkpoint into an `LED` built elsewhere: a run's
 `config.init_from_hf` builds it with the checkpoint's architecture and the run's attention,
 length and `num_global` (`pretrained.task_settings`). `export_seq2seq(model, path, "bart" |
-"led", like)` is the way back, through `pretrained.INVERSES`: a `...ForConditionalGeneration`
+"led", like)` is the way back, through `hf_format.INVERSES`: a `...ForConditionalGeneration`
 checkpoint that transformers loads, `shared.weight` written once as `save_pretrained` does; a
 model Hugging Face's has no equivalent of (pre-LayerNorm, sinusoidal decoder positions, a BART
 with band attention, ...) is refused, naming the settings.
@@ -48,8 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from models import pretrained
-from models.pretrained import TRANSFORMS, CheckpointError, Report, _field, _target
+from models import hf_format
+from models.hf_format import TRANSFORMS, CheckpointError, Report
+from models.hf_format import field as _field, target as _target
 
 ARCHITECTURES = ("bart", "led")
 
@@ -69,16 +70,16 @@ def seq2seq_settings(config: dict[str, Any], path: str = ".") -> dict[str, Any]:
       raise CheckpointError(f"{path}/config.json: {name} = {config[name]} differs from the "
                             f"encoder's {value}; our encoder-decoder has one for both.")
   act = config.get("activation_function", "gelu")
-  if act not in pretrained.ACTIVATIONS:
+  if act not in hf_format.ACTIVATIONS:
     raise CheckpointError(f"{path}/config.json: activation_function = {act!r} is not "
-                          f"supported; supported: {', '.join(pretrained.ACTIVATIONS)}.")
+                          f"supported; supported: {', '.join(hf_format.ACTIVATIONS)}.")
   layers = int(f("encoder_layers"))
   out = dict(
       vocab_size=int(f("vocab_size")), num_layers=layers, decoder_layers=int(f("decoder_layers")),
       num_heads=heads, emb_dim=emb, qkv_dim=emb, mlp_dim=mlp,
       dropout=float(config.get("dropout", 0.0)), pos_emb="learned", decoder_pos_emb="learned",
       attention={"kind": "dot_product"}, attention_bias=True, norm="post", layer_norm_eps=1e-5,
-      activation=pretrained.ACTIVATIONS[act], embed_norm=True, lm_head=True, num_global=0)
+      activation=hf_format.ACTIVATIONS[act], embed_norm=True, lm_head=True, num_global=0)
   if kind == "bart":
     out.update(max_length=int(f("max_position_embeddings")),
                target_length=int(f("max_position_embeddings")), position_offset=2,
@@ -224,7 +225,7 @@ def assign_seq2seq(model, path: str, config: dict[str, Any], tensors: dict[str, 
       if value.shape[0] - offset != source_length:
         raise CheckpointError(f"{path}: tensor {hf!r} has {value.shape[0]} rows, but "
                               f"config.json makes it {source_length + offset}.")
-      value = pretrained._tile_positions(value, offset, shape[0] - offset)
+      value = hf_format.tile_positions(value, offset, shape[0] - offset)
       report.notes.append(f"encoder positions: {source_length} copied to {shape[0] - offset}")
     hf_shape, transform = _TRANSFORMS[how]
     if tuple(value.shape) != hf_shape(shape):
@@ -257,7 +258,7 @@ def hf_seq2seq_config(model, architecture: str, like: dict[str, Any] | None = No
   scaled = s.embed_scale != 1.0
   if scaled and (architecture == "led" or abs(s.embed_scale - math.sqrt(s.emb_dim)) > 1e-6):
     wrong["embed_scale"] = s.embed_scale
-  names = {v: k for k, v in pretrained.ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}
+  names = {v: k for k, v in hf_format.ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}
   if s.activation not in names:
     wrong["activation"] = s.activation
   specs = s.layer_specs()
@@ -300,7 +301,7 @@ def export_seq2seq(model, path: str, architecture: str,
   from safetensors.numpy import save_file
   config = hf_seq2seq_config(model, architecture, like)
   prefix = "model." if architecture == "bart" else "led."
-  inverses = {**pretrained.INVERSES, "row": lambda w: w.reshape(1, -1)}
+  inverses = {**hf_format.INVERSES, "row": lambda w: w.reshape(1, -1)}
   tensors = {}
   for hf, ours, how in _seq2seq_entries(prefix, config):
     value = np.asarray(_target(model, ours).get_value())
