@@ -79,6 +79,8 @@ def unable(kind: str, backend: str, args: Mapping[str, Any], *, global_tokens: b
       return "tokamax's local window has no global tokens."
   if backend == "splash" and kind == "band" and global_tokens and causal:
     return "splash computes global tokens of bidirectional band layers only."
+  if kind == "bigbird" and args.get("random_blocks", "drawn") != "drawn" and backend != "xla":
+    return "only xla computes bigbird's random_blocks='first' (Hugging Face's inference)."
   # pallas refuses nothing it lists: the band kernel takes every band layer (causal globals
   # included), the block-sparse kernel every argument of bigbird, sparse, block_local and
   # block_sparse (their patterns, causal, padding; sparse's xla block_size is not needed).

@@ -210,7 +210,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          extras="BigBirdSeed",
          defaults=lambda window, max_length: {
              "block_size": _block(window), "num_global_blocks": 2, "num_random_blocks": 3},
-         arguments=("block_size", "num_global_blocks", "num_random_blocks", "seed"),
+         arguments=("block_size", "num_global_blocks", "num_random_blocks", "random_blocks",
+                    "seed"),
          backends=_BLOCK_MASK_BACKENDS,
          no_pattern="its per-layer random blocks are not composed with the permutation masks "
                     "yet."),

@@ -153,14 +153,18 @@ def _token_major(x: jax.Array, stride: int) -> jax.Array:
   return jnp.swapaxes(x, 1, 2).reshape((b_, lp) + x.shape[3:])
 
 
-@functools.partial(jax.jit, static_argnames=("plans", "pattern", "stride", "width", "offsets"))
+@functools.partial(jax.jit, static_argnames=("plans", "pattern", "stride", "width", "offsets",
+                                             "log_weights"))
 def _run(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
          plans: tuple[tuple[str, Static], ...], pattern: str, stride: int,
-         width: int | None = None, offsets: tuple[int, ...] | None = None) -> jax.Array:
+         width: int | None = None, offsets: tuple[int, ...] | None = None,
+         log_weights: tuple[float, ...] | None = None) -> jax.Array:
+  """The parts of `plans`, merged by their log-sum-exps; `log_weights` (one per part) counts a
+  part's keys exp(w) times (BigBird's repeated block 0, `bigbird_attention`)."""
   b_, length = q.shape[:2]
   key_ok = jnp.ones((b_, length), bool) if key_mask is None else key_mask
   parts = []
-  for name, plan in plans:
+  for i, (name, plan) in enumerate(plans):
     if name == "class":                           # strided part: residue classes, block-diagonal
       lp = plan.nqb * plan.q_block
       args = [_class_major(pad_tokens(x, lp), stride) for x in (q, k, v, key_ok)]
@@ -173,6 +177,7 @@ def _run(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *
         out, lse = _summary_part(*args, plan=plan, offsets=offsets, stride=stride, width=width)
       else:
         out, lse = _group_part(*args, plan=plan)
+    lse = lse if not log_weights or not log_weights[i] else lse + log_weights[i]
     parts.append((out[:, :length], lse[:, :length]))
   out, _ = merge_parts(parts)
   return finish(out, key_mask, length, q.dtype)
@@ -254,9 +259,29 @@ def block_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_siz
   return _run(q, k, v, key_mask, plans=(("group", plan),), pattern="block_local", stride=size)
 
 
+RANDOM_BLOCKS = ("drawn", "first")
+
+
+def bigbird_first_block_counts(length: int, block_size: int, num_random_blocks: int
+                               ) -> np.ndarray:
+  """int `[nb, nb]`: how often each key block enters each query block's softmax in Hugging
+  Face's BigBird at inference (`random_blocks="first"`): the sliding blocks q-1..q+1, the first
+  and last blocks (global rows see every block once), and r "random" blocks that are all block
+  0 (`_bigbird_block_rand_mask`, "During inference (eval) no randomness"), so block 0 is counted
+  1 + r times in rows 1 .. nb-2."""
+  nb = -(-length // block_size)
+  n = np.arange(nb)
+  counts = (np.abs(n[:, None] - n[None, :]) <= 1).astype(np.int64)
+  counts[:, [0, nb - 1]] = 1
+  counts[[0, nb - 1], :] = 1
+  counts[1:nb - 1, 0] += num_random_blocks
+  return counts
+
+
 def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
                       num_global_blocks: int = 2, num_random_blocks: int = 3, seed: int,
-                      key_mask: jax.Array | None = None) -> jax.Array:
+                      key_mask: jax.Array | None = None,
+                      random_blocks: str = "drawn") -> jax.Array:
   """BigBird ITC attention (Zaheer et al. 2020): window + global + random blocks.
 
   Args:
@@ -268,17 +293,57 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: i
     seed: int fixing the random blocks (`masks.bigbird_random_blocks`): the same pattern in
       every process, and at training and evaluation. Use one seed per layer.
     key_mask: optional bool `[B, L]`, True = real token. Padded queries output 0.
+    random_blocks: "drawn" (the paper's random blocks, fixed by `seed`), or "first": Hugging
+      Face's BigBird at inference, which puts every random block on block 0 and counts block
+      0's keys 1 + r times in the softmax of query blocks 1 .. nb-2
+      (`bigbird_first_block_counts`); with 2 global blocks only, and like Hugging Face, full
+      attention for inputs of at most (5 + 2r) blocks.
 
   Returns:
     `[B, L, H, Dv]` in q's dtype, equal to `dot_product_attention` with
-    `masks.bigbird_mask(..., num_heads=H)` (and key_mask).
+    `masks.bigbird_mask(..., num_heads=H)` (and key_mask); with "first", to dense attention
+    whose scores add log(count) of `bigbird_first_block_counts` (-inf where 0).
   """
   b_, length, _, h, _ = validation.check_qkv(q, k, v, same_length=True)
   validation.check_token_mask("key_mask", key_mask, b_, length)
   block = validation.positive_int("block_size", block_size)
+  if random_blocks not in RANDOM_BLOCKS:
+    raise ValueError(f"random_blocks = {random_blocks!r}: must be one of "
+                     f"{', '.join(RANDOM_BLOCKS)}.")
+  if random_blocks == "first":
+    return _bigbird_first(q, k, v, key_mask, block, num_global_blocks, num_random_blocks)
   layout = bigbird_layout(length, block_size=block, num_global_blocks=num_global_blocks,
                           num_random_blocks=num_random_blocks, seed=seed, num_heads=h)
   layout = check_layout(layout, num_blocks=-(-length // block), num_heads=h, length=length,
                         block_size=block)
   plan = make_plan(layout, q_block=block, k_block=block, batch_heads=b_ * h)
   return _run(q, k, v, key_mask, plans=(("group", plan),), pattern="bigbird", stride=block)
+
+
+def _bigbird_first(q, k, v, key_mask, block: int, num_global_blocks: int,
+                   num_random_blocks: int) -> jax.Array:
+  """`bigbird_attention(random_blocks="first")`: the layout without random blocks, plus block 0
+  for query blocks 1 .. nb-2 again, its log-sum-exp raised by log(r) (merged as r more copies)."""
+  length = q.shape[1]
+  if num_global_blocks != 2:
+    raise ValueError(f"random_blocks='first' is Hugging Face's BigBird, whose first and last "
+                     f"blocks are global: num_global_blocks must be 2, got {num_global_blocks}.")
+  r = int(num_random_blocks)
+  if r < 0:
+    raise ValueError(f"num_random_blocks must be >= 0, got {num_random_blocks!r}.")
+  nb = -(-length // block)
+  b_, h = q.shape[0], q.shape[2]
+  if length <= (5 + 2 * r) * block:      # Hugging Face attends fully to such short inputs
+    layout = np.ones((h, nb, nb), bool)
+    plan = make_plan(layout, q_block=block, k_block=block, batch_heads=b_ * h)
+    return _run(q, k, v, key_mask, plans=(("group", plan),), pattern="bigbird", stride=block)
+  base = bigbird_layout(length, block_size=block, num_global_blocks=2, num_random_blocks=0,
+                        seed=0, num_heads=h)
+  again = np.zeros_like(base)
+  again[:, 1:nb - 1, 0] = True
+  plans = (("group", make_plan(base, q_block=block, k_block=block, batch_heads=b_ * h)),
+           ("group", make_plan(again, q_block=block, k_block=block, batch_heads=b_ * h)))
+  if r == 0:
+    plans = plans[:1]
+  return _run(q, k, v, key_mask, plans=plans, pattern="bigbird", stride=block,
+              log_weights=(0.0, float(np.log(r))) if r else None)

@@ -288,11 +288,13 @@ def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, 
 
 def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
                       num_global_blocks: int = 2, num_random_blocks: int = 3, seed: int,
-                      key_mask: jax.Array | None = None, interpret: bool | None = None,
-                      block_q: int | None = None, block_kv: int | None = None) -> jax.Array:
+                      key_mask: jax.Array | None = None, random_blocks: str = "drawn",
+                      interpret: bool | None = None, block_q: int | None = None,
+                      block_kv: int | None = None) -> jax.Array:
   """BigBird ITC attention on the splash kernel; arguments as
-  `attention.sparse_patterns.bigbird_attention`. Equal to `dot_product_attention` with
-  `masks.bigbird_mask(..., num_heads=H)`."""
+  `attention.sparse_patterns.bigbird_attention` (drawn random blocks only). Equal to
+  `dot_product_attention` with `masks.bigbird_mask(..., num_heads=H)`."""
+  validation.drawn_random_blocks(random_blocks, "splash")
   _, length, h = validation.check_self_qkv(q, k, v, key_mask)
   patterns = splash_masks.bigbird_patterns(length, block_size, num_global_blocks,
                                            num_random_blocks, seed, h)

@@ -133,3 +133,10 @@ def global_slots(global_mask: jax.Array | None, max_global: int | None) -> int:
         "global tokens is not known at trace time: pass max_global=<upper bound on global "
         "tokens per row>.")
   return int(counts.max()) if counts.size else 0
+
+
+def drawn_random_blocks(random_blocks: str, backend: str) -> None:
+  """A kernel of BigBird computes the drawn random blocks only (`random_blocks="drawn"`)."""
+  if random_blocks != "drawn":
+    raise ValueError(f"random_blocks = {random_blocks!r}: the {backend} BigBird computes drawn "
+                     f"random blocks only; use implementation xla for 'first'.")

@@ -10,14 +10,15 @@ This script repeats that at a size this CPU trains in minutes, through the Huggi
 both ways (`models.pretrained`):
 
   1. pretrains a small RoBERTa-shaped encoder (post-LayerNorm, biases, exact GELU, embedding
-     LayerNorm, positions after RoBERTa's offset of 2) with our masked-LM objective (`lra.tasks.pretraining.bert_corruption`, 15%, 80/10/10) at 128 positions on
-     the fallback corpus's bytes (Python's reference manual, `lra.data.charlm.fallback_text`);
+     LayerNorm, positions after RoBERTa's offset of 2, learned but started from sinusoids) with
+     our masked-LM objective (`lra.tasks.pretraining.bert_corruption`, 15%, 80/10/10) and our
+     tied output at 128 positions on the fallback corpus's bytes (Python's reference manual,
+     `lra.data.charlm.fallback_text`);
   2. exports it as a Hugging Face RoBERTa checkpoint (`pretrained.export`);
   3. imports that checkpoint with band attention at 512 positions (one-sided window 64: a
      two-sided window of 128, the source length, as Longformer-base's 512 was RoBERTa's),
-     the positions copied
-     (`pretrained.load(path, max_length=512, attention=...)`), and again with the 384 new
-     position rows freshly drawn from the positions' initial distribution;
+     the positions copied (`pretrained.load(path, max_length=512, attention=...)`), and
+     again with the 384 new position rows drawn afresh (N(0, the trained rows' std));
   4. evaluates the masked-LM loss of all three on the same corrupted validation windows of 512
      bytes: the short model on each window cut into four pieces of 128, the long ones on the
      whole window.

@@ -19,8 +19,8 @@ Supported architectures (`config.json`'s `model_type`):
     `bigbird` kind (block_sparse: HF's block size and random blocks, first and last blocks
     global). At inference Hugging Face draws no random blocks: every one is block 0, which its
     softmax then counts 1 + r times (`_bigbird_block_rand_mask`, "During inference (eval) no
-    randomness"); our kind draws them, so block-sparse outputs differ from Hugging Face's
-    inference (the report says so), while "original_full" checkpoints agree exactly.
+    randomness"); the import sets `random_blocks="first"`, which computes exactly that (set
+    "drawn" to train with the paper's random blocks).
   * `bart`, `led` (`SEQ2SEQ`): our encoder-decoder `models.seq2seq.LED`, through
     `models.pretrained_seq2seq.load_seq2seq` (its docstring says how to call the model).
 
@@ -111,7 +111,8 @@ def encoder_settings(config: dict[str, Any], path: str = ".") -> dict[str, Any]:
     if attention_type == "block_sparse":
       out["attention"] = {"kind": "bigbird", "block_size": int(_field(config, "block_size", path)),
                           "num_global_blocks": 2,
-                          "num_random_blocks": int(_field(config, "num_random_blocks", path))}
+                          "num_random_blocks": int(_field(config, "num_random_blocks", path)),
+                          "random_blocks": "first"}
     elif attention_type != "original_full":
       raise CheckpointError(f"{path}/config.json: attention_type = {attention_type!r}: must be "
                             f"block_sparse or original_full.")
@@ -249,8 +250,9 @@ def assign(encoder, path: str, config: dict[str, Any] | None = None,
     report.mapped[hf] = ours
   report.unused = sorted(n for n in tensors if n not in report.mapped)
   if encoder.settings.attention.kind == "bigbird" and kind == "big_bird":
-    report.notes.append("block-sparse attention draws its random blocks, where Hugging Face's "
-                        "inference puts every random block on block 0: outputs differ")
+    report.notes.append("block-sparse attention as Hugging Face's inference computes it "
+                        "(random_blocks='first': every random block is block 0); "
+                        "random_blocks='drawn' draws them, as the paper and training do")
   return report
 
 

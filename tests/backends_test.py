@@ -394,3 +394,12 @@ def test_training_through_a_backend_equals_training_through_xla(implementation, 
   assert set(got) == {"train", "validation", "test"}
   for split, loss in xla_run.items():
     assert abs(got[split] - loss) < 1e-4, (split, got[split], loss)
+
+
+def test_only_xla_computes_bigbirds_hugging_face_inference():
+  first = {"block_size": 16, "random_blocks": "first"}
+  assert backends.unable("bigbird", "xla", first) is None
+  for backend in ("pallas", "splash"):
+    assert "only xla" in backends.unable("bigbird", backend, first)
+    assert backends.unable("bigbird", backend, {"block_size": 16}) is None
+  assert backends.choose("bigbird", first, platform="gpu") == "xla"

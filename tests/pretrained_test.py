@@ -54,15 +54,22 @@ def test_bigbird_with_full_attention_gives_hugging_faces_outputs():
   _close(np.asarray(model.mlm_logits(x))[:, at], ref["logits"], real[:, at], "logits")
 
 
-def test_block_sparse_bigbird_imports_as_our_bigbird_kind_and_says_how_it_differs():
+def test_block_sparse_bigbird_gives_hugging_faces_inference():
+  """Hugging Face's block-sparse BigBird at inference (every random block is block 0, counted
+  1 + r times): our bigbird kind with random_blocks='first'."""
   path, ref = _fixture("bigbird")
   model, report = pretrained.load(path)
   attention = report.settings["attention"]
-  assert (attention["kind"], attention["block_size"], attention["num_random_blocks"]) == (
-      "bigbird", 16, 2)
-  assert any("block 0" in note for note in report.notes)
-  x = np.asarray(model.encode(ref["input_ids"], ref["attention_mask"]))
-  assert np.isfinite(x).all() and x.shape == ref["last_hidden_state"].shape
+  assert (attention["kind"], attention["block_size"], attention["num_random_blocks"],
+          attention["random_blocks"]) == ("bigbird", 16, 2, "first")
+  assert np.all(ref["rand_attn"] == 0)            # what Hugging Face used: block 0 everywhere
+  real, at = ref["attention_mask"], ref["logits_positions"]
+  x = model.encode(ref["input_ids"], real)
+  _close(x, ref["last_hidden_state"], real, "last_hidden_state")
+  _close(np.asarray(model.mlm_logits(x))[:, at], ref["logits"], real[:, at], "logits")
+  drawn, _ = pretrained.load(path, attention={**attention, "random_blocks": "drawn"})
+  assert np.abs(np.asarray(drawn.encode(ref["input_ids"], real)) - np.asarray(x))[
+      real.astype(bool)].max() > 1e-3
 
 
 def test_longformer_with_global_tokens_and_padding_gives_hugging_faces_outputs():

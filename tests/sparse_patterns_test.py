@@ -174,3 +174,54 @@ def test_registry_names():
   assert attention.get("sparse") is sparse_attention
   assert attention.get("block_local") is block_local_attention
   assert attention.get("block_sparse") is attention.block_sparse_attention
+
+
+def _first_block_reference(q, k, v, key_mask, block, r):
+  """Dense attention with Hugging Face's inference counts, transcribed from its table
+  (BigBirdBlockSparseAttention.bigbird_block_sparse_attention): query block 0 and the last see
+  every key; block 1 sees blocks 0, 1, 2 and the last; middle block q sees 0, q-1, q, q+1 and
+  the last; block nb-2 sees 0, nb-3, nb-2, nb-1; and each of blocks 1 .. nb-2 sees its r
+  "random" blocks, all block 0 at inference. Inputs of at most (5 + 2r) blocks: full attention."""
+  length = q.shape[1]
+  nb = -(-length // block)
+  counts = np.zeros((nb, nb))
+  if length <= (5 + 2 * r) * block:
+    counts[:] = 1
+  else:
+    counts[0, :] = counts[nb - 1, :] = 1
+    for qb in range(1, nb - 1):
+      for kb in {0, qb - 1, qb, qb + 1, nb - 1}:
+        counts[qb, kb] += 1
+      counts[qb, 0] += r
+  tok = np.repeat(np.repeat(counts, block, 0), block, 1)[:length, :length]
+  scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  scores = scores + np.log(np.where(tok > 0, tok, 1.0)) + np.where(tok > 0, 0.0, -np.inf)
+  scores = np.where(key_mask[:, None, None, :], scores, -np.inf)
+  w = np.exp(scores - scores.max(-1, keepdims=True))
+  w = w / w.sum(-1, keepdims=True)
+  out = np.einsum("bhqk,bkhd->bqhd", w, v)
+  return np.where(key_mask[:, :, None, None], out, 0.0)
+
+
+@pytest.mark.parametrize("length, block, r", [(150, 16, 2), (203, 8, 3), (96, 8, 1),
+                                              (64, 8, 0), (40, 8, 2)])
+def test_bigbird_first_blocks_equal_hugging_faces_inference_counts(length, block, r):
+  rng = np.random.default_rng(length + r)
+  q, k, v = (rng.normal(size=(2, length, 3, 8)).astype(np.float32) for _ in range(3))
+  key_mask = np.ones((2, length), bool)
+  key_mask[1, length - 37:] = False
+  out = sparse_patterns.bigbird_attention(
+      jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), block_size=block, num_random_blocks=r,
+      seed=0, key_mask=jnp.asarray(key_mask), random_blocks="first")
+  want = _first_block_reference(q.astype(np.float64), k.astype(np.float64),
+                                v.astype(np.float64), key_mask, block, r)
+  np.testing.assert_allclose(np.asarray(out), want, rtol=0, atol=2e-5)
+
+
+def test_bigbird_random_blocks_takes_drawn_or_first():
+  x = jnp.zeros((1, 64, 2, 4))
+  with pytest.raises(ValueError, match="random_blocks = 'hf'"):
+    sparse_patterns.bigbird_attention(x, x, x, block_size=8, seed=0, random_blocks="hf")
+  with pytest.raises(ValueError, match="num_global_blocks must be 2"):
+    sparse_patterns.bigbird_attention(x, x, x, block_size=8, seed=0, num_global_blocks=4,
+                                      random_blocks="first")
