@@ -21,7 +21,8 @@ instead of the end of the process: the next StopRequest entered takes it as its 
 lra/mesh.py calls it around `jax.distributed.initialize`, whose preemption notifier would
 otherwise swallow the SIGTERM, so that a job signalled during start-up stops with all its
 processes instead of leaving the others waiting in a collective. From its first call on, SIGTERM
-is also ignored once the process exits (an `atexit` function): a process that has stopped
+never goes back to the default action when a `with` block ends (it is held), and is ignored
+once the process exits (an `atexit` function): a process that has stopped
 cleanly, saved and is tearing down (jax.distributed's shutdown barrier, the runtime's
 destructors, after Python has put back the default handlers) is not killed by a SIGTERM that
 reaches it late, as a cluster's signal reaches its tasks seconds apart.
@@ -70,6 +71,17 @@ def hold_early() -> None:
       # registers later, and before Python restores the default handlers (SIG_IGN stays).
       atexit.register(_ignore_sigterm)
       _at_exit.append(True)
+
+
+def _restore(sig: int, previous) -> None:
+  """Puts back `previous` as `sig`'s handler, except that once `hold_early` has run SIGTERM
+  never goes back to the default action: the handler a process had before its first
+  `hold_early` (the default, in `lra run`'s StartUp) would otherwise be back after the run,
+  while jax.distributed's shutdown still waits for the other processes, and a late SIGTERM
+  would kill a process that had stopped cleanly. It is held instead (and ignored at exit)."""
+  if sig == signal.SIGTERM and _at_exit and previous in (signal.SIG_DFL, None):
+    previous = _hold
+  signal.signal(sig, previous)
 
 
 def _raise_interrupt(signum: int) -> None:
@@ -123,7 +135,7 @@ class StopRequest:
 
   def __exit__(self, *exc) -> bool:
     for sig, previous in self._previous.items():
-      signal.signal(sig, previous)
+      _restore(sig, previous)
     self._previous.clear()
     return False
 
@@ -173,7 +185,7 @@ class StartUp:
 
   def __exit__(self, *exc) -> bool:
     for sig, previous in self._previous.items():
-      signal.signal(sig, previous)
+      _restore(sig, previous)
     self._previous.clear()
     _held.clear()   # taken by the run's StopRequest, or it ended the command
     return False

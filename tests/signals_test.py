@@ -82,3 +82,24 @@ def test_a_sigterm_while_the_process_exits_is_ignored_after_hold_early(tmp_path)
   out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert (out.returncode, out.stdout) == (130, "ignored\n"), out.stderr
+
+
+def test_sigterm_stays_held_after_the_blocks_that_came_before_hold_early():
+  """`lra run`'s StartUp begins with the default SIGTERM action; hold_early runs inside it (the
+  distributed start) and later blocks end. Then, while jax.distributed's shutdown waits for the
+  other processes (before hold_early's atexit function), a late SIGTERM must not kill the
+  process: the blocks put back a held SIGTERM, not the default."""
+  child = (
+      "import os, signal, time\n"
+      "from lra import signals\n"
+      "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+      "with signals.StartUp(lambda s: 'held', 'abort'):\n"
+      "  signals.hold_early()\n"
+      "  with signals.StopRequest('stopping') as stop:\n"
+      "    pass\n"
+      "os.kill(os.getpid(), signal.SIGTERM)\n"
+      "time.sleep(0.2)\n"
+      "print('alive', signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, flush=True)\n")
+  out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert (out.returncode, out.stdout) == (0, "alive True\n"), (out.returncode, out.stderr)
