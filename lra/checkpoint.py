@@ -31,8 +31,9 @@ import json
 import logging
 import os
 import sys
-import threading
 import tempfile
+import threading
+import warnings
 from typing import Any
 
 import jax
@@ -138,7 +139,7 @@ def _quiet_orbax(quiet_after_failure: bool = False):
   installed before the block starts (`_drop_loop_closed_errors`), for the rest of the process.
   After a failure asyncio's reports of the abandoned futures are dropped too, and with
   `quiet_after_failure` (a save: its abandoned writes go on failing until the process ends)
-  orbax's log records stay dropped."""
+  orbax's log records stay dropped, as do the warnings of its coroutines left unawaited."""
   _drop_loop_closed_errors()
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
@@ -147,6 +148,9 @@ def _quiet_orbax(quiet_after_failure: bool = False):
     yield
   except BaseException:
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    # the abandoned reads' coroutines, collected unawaited, warn as the process ends
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
+                            category=RuntimeWarning)
     if not quiet_after_failure:
       absl_logger.setLevel(level)
     raise

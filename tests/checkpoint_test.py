@@ -222,3 +222,16 @@ def test_only_event_loop_closed_errors_are_dropped_and_from_before_a_restore(mon
       thread.start()
       thread.join()
   assert seen == ["something else", "a thread's own error"]
+
+
+def test_after_a_failed_restore_unawaited_coroutine_warnings_are_dropped(recwarn):
+  """A failed restore abandons orbax's reads; their coroutines, collected unawaited, warned on
+  stderr after the command's one error line. Other warnings still show."""
+  import warnings
+  with warnings.catch_warnings():
+    with pytest.raises(ValueError):
+      with checkpoint._quiet_orbax():
+        raise ValueError("restore failed")
+    warnings.warn("coroutine 'read' was never awaited", RuntimeWarning)
+    warnings.warn("something else", RuntimeWarning)
+  assert [str(w.message) for w in recwarn] == ["something else"]
