@@ -9,8 +9,9 @@ the sum of its tokens' log-probabilities (EOS included; no length normalisation)
   self-attention keys/values and the precomputed cross-attention keys/values).
 - `greedy(..., cache=False)`: reruns the whole decoder (`model.decode`) on the prefix at every
   position; the reference the cached path must equal.
-- `beam_search`: `beam` hypotheses per example over the cached steps; finished hypotheses keep
-  their score and compete with the live ones; returns the highest-scoring hypothesis.
+- `beam_search`: `beam` hypotheses per example; finished hypotheses keep their score and
+  compete with the live ones; returns the highest-scoring hypothesis. `cache=False` reruns the
+  whole decoder on every beam's prefix at each position, as greedy's does.
 - `sequence_scores`: the score of given token sequences (for checks by enumeration).
 
 `hf=HFGeneration(...)` (greedy and beam_search; `models.pretrained_seq2seq.generation` makes it
@@ -123,19 +124,48 @@ def greedy(model, memory: jax.Array, memory_mask: jax.Array, *, length: int, bos
   return jax.lax.fori_loop(0, length, body_full, (out, done))[0]
 
 
+class _Beams:
+  """The decoder over `beam` copies of each example `[B*K]`: `next(state, prev, t, seqs)` is
+  (logits `[B*K, V]` at position t, state) from one cached `model.step` (`cache=True`) or from
+  the whole decoder rerun on the beams' tokens `seqs` `[B, K, length]` (positions < t written;
+  later ones are not seen by the causal decoder); `reorder(state, parent)` makes each new
+  beam's cache its parent's."""
+
+  def __init__(self, model, memory, memory_mask, k: int, cache: bool, real: bool, bos_id: int):
+    self.model, self.cache, self.bos_id = model, cache, bos_id
+    self.memory = jnp.repeat(memory, k, axis=0)
+    self.memory_mask = jnp.repeat(memory_mask, k, axis=0)
+    self.real = jnp.ones((self.memory.shape[0],), bool) if real else None
+
+  def init(self):
+    return self.model.init_cache(self.memory, self.memory_mask) if self.cache else ()
+
+  def next(self, state, prev, t, seqs):
+    if self.cache:
+      return self.model.step(state, prev, t, token_mask=self.real)
+    tokens = shift_right(seqs.reshape(-1, seqs.shape[-1]), self.bos_id)     # [B*K, length]
+    mask = None if self.real is None else jnp.ones(tokens.shape, bool)
+    logits = self.model.decode(self.memory, self.memory_mask, tokens, token_mask=mask)
+    return jax.lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False), state
+
+  def reorder(self, state, parent):
+    return _reorder_cache(state, parent) if self.cache else state
+
+
 def beam_search(model, memory: jax.Array, memory_mask: jax.Array, *, length: int, beam: int,
-                bos_id: int, eos_id: int, hf: HFGeneration | None = None
+                bos_id: int, eos_id: int, cache: bool = True, hf: HFGeneration | None = None
                 ) -> tuple[jax.Array, jax.Array]:
   """The highest-scoring of `beam` hypotheses per example: (tokens `[B, length]`, scores `[B]`);
-  with `hf`, Hugging Face's beam search (module docstring; scores length-normalised).
+  with `hf`, Hugging Face's beam search (module docstring; scores length-normalised). With
+  `cache=False` the decoder is rerun on every prefix (the same tokens, slower).
   """
   b, k = memory.shape[0], int(beam)
   if k < 1:
     raise ValueError(f"beam={beam}: must be a positive integer.")
+  beams = _Beams(model, memory, memory_mask, k, cache, hf is not None, bos_id)
   if hf is not None:
-    return _hf_beam_search(model, memory, memory_mask, length=length, beam=k, bos_id=bos_id,
-                           eos_id=eos_id, hf=hf)
-  state = model.init_cache(jnp.repeat(memory, k, axis=0), jnp.repeat(memory_mask, k, axis=0))
+    return _hf_beam_search(beams, b, length=length, beam=k, eos_id=eos_id, hf=hf)
+  state = beams.init()
   scores = jnp.where(jnp.arange(k) == 0, 0.0, -jnp.inf)[None].repeat(b, 0)  # [B, K]
   seqs = jnp.zeros((b, k, length), jnp.int32)
   done = jnp.zeros((b, k), bool)
@@ -143,7 +173,7 @@ def beam_search(model, memory: jax.Array, memory_mask: jax.Array, *, length: int
 
   def body(t, carry):
     state, prev, seqs, scores, done = carry
-    logits, state = model.step(state, prev, t)                             # [B*K, V]
+    logits, state = beams.next(state, prev, t, seqs)                       # [B*K, V]
     lp = log_probs(logits, bos_id).reshape(b, k, -1)                       # [B, K, V]
     v = lp.shape[-1]
     stay = jnp.where(jnp.arange(v) == 0, 0.0, -jnp.inf)                    # finished: pad, +0
@@ -152,7 +182,7 @@ def beam_search(model, memory: jax.Array, memory_mask: jax.Array, *, length: int
     parent, token = flat // v, (flat % v).astype(jnp.int32)
     seqs = jnp.take_along_axis(seqs, parent[..., None], axis=1).at[:, :, t].set(token)
     done = jnp.take_along_axis(done, parent, axis=1) | (token == eos_id)
-    state = _reorder_cache(state, parent)
+    state = beams.reorder(state, parent)
     return state, token.reshape(b * k), seqs, scores, done
 
   _, _, seqs, scores, _ = jax.lax.fori_loop(0, length, body, (state, prev, seqs, scores, done))
@@ -180,28 +210,27 @@ def _gather(x: jax.Array, idx: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, idx.reshape(*idx.shape, *([1] * (x.ndim - 2))), axis=1)
 
 
-def _hf_beam_search(model, memory, memory_mask, *, length, beam, bos_id, eos_id, hf):
+def _hf_beam_search(beams: _Beams, b: int, *, length, beam, eos_id, hf):
   """transformers' `_beam_search` (module docstring): (best finished tokens `[B, length]`,
   their normalised scores `[B]`). Position t is HF's cur_len = t + 1 (the decoder start is
   HF's prompt of length 1); a hypothesis finished at t has length t + 1."""
-  b, k = memory.shape[0], beam
+  k = beam
   k2 = 2 * k                                       # HF: max(2, 1 + number of EOS ids) * beam
   neg = jnp.float32(-1.0e9)
   lp_power = jnp.float32(hf.length_penalty)
   fill = hf.pad_id or eos_id                       # HF's `pad_token_id or eos_token_id`
-  state = model.init_cache(jnp.repeat(memory, k, axis=0), jnp.repeat(memory_mask, k, axis=0))
+  state = beams.init()
   seqs = jnp.full((b, k, length), fill, jnp.int32)                         # running
   scores = jnp.where(jnp.arange(k) == 0, 0.0, neg)[None].repeat(b, 0).astype(jnp.float32)
   fseqs, fscores = seqs, jnp.full((b, k), neg, jnp.float32)                # finished
   fdone = jnp.zeros((b, k), bool)
   unsatisfied = jnp.ones((b, 1), bool)             # the early-stopping heuristic's state
-  prev = jnp.full((b * k,), bos_id, jnp.int32)
-  real = jnp.ones((b * k,), bool)
+  prev = jnp.full((b * k,), beams.bos_id, jnp.int32)
   top = jnp.arange(k2) < k                         # HF's top_num_beam_mask
 
   def body(t, carry):
     state, prev, seqs, scores, fseqs, fscores, fdone, unsatisfied = carry
-    logits, state = model.step(state, prev, t, token_mask=real)           # [B*K, V]
+    logits, state = beams.next(state, prev, t, seqs)                       # [B*K, V]
     lp = hf.force(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), t, length)
     v = lp.shape[-1]
     acc = (lp.reshape(b, k, v) + scores[..., None]).reshape(b, k * v)
@@ -234,7 +263,7 @@ def _hf_beam_search(model, memory, memory_mask, *, length, beam, bos_id, eos_id,
     best_running = scores[:, :1] / hypothetical ** lp_power
     worst = jnp.where(fdone, jnp.min(fscores, axis=1, keepdims=True), neg)
     unsatisfied = unsatisfied & jnp.any(best_running > worst, axis=-1, keepdims=True)
-    state = _reorder_cache(state, parents)
+    state = beams.reorder(state, parents)
     prev = _gather(token, keep).reshape(b * k)
     return state, prev, seqs, scores, fseqs, fscores, fdone, unsatisfied
 

@@ -5,7 +5,8 @@ transformers) are tiny random-weight BartForConditionalGeneration and
 LEDForConditionalGeneration models with Hugging Face's own outputs on right-padded inputs (LED:
 600 tokens, windows of 32, the first token global): the encoder's last hidden state, the
 decoder's and the logits under teacher forcing, and the tokens of `generate` with 1 and 4 beams
-(forced BOS and EOS, early stopping, length penalty 1; generation.json). Nothing here needs torch
+(forced BOS and EOS, early stopping, length penalty 1; generation.json), which our decoding
+matches with and without its key-value cache. Nothing here needs torch
 or transformers. Hidden states and logits are compared at real positions within 1e-5 relative
 to max(1, |reference|), in float32; tokens exactly.
 """
@@ -114,13 +115,14 @@ def test_greedy_decoding_equals_hugging_faces_generate(name, cache):
   np.testing.assert_array_equal(np.asarray(tokens), want)
 
 
+@pytest.mark.parametrize("cache", [True, False])
 @pytest.mark.parametrize("name", NAMES)
-def test_beam_search_equals_hugging_faces_generate(name):
+def test_beam_search_equals_hugging_faces_generate(name, cache):
   model, _, ref, gen, memory, mask = _loaded(name)
   kw = pretrained_seq2seq.generation(gen["beam"])
   length = gen["beam"]["max_new_tokens"]
   tokens, scores = decoding.beam_search(model, memory, mask, length=length,
-                                        beam=gen["beam"]["num_beams"], **kw)
+                                        beam=gen["beam"]["num_beams"], cache=cache, **kw)
   want = _hf_tokens(ref["beam_tokens"], length, kw["hf"].pad_id)
   np.testing.assert_array_equal(np.asarray(tokens), want)
   greedy = _hf_tokens(ref["greedy_tokens"], length, kw["hf"].pad_id)
@@ -158,9 +160,10 @@ HF_BEAMS = [
 ]
 
 
+@pytest.mark.parametrize("cache", [True, False])
 @pytest.mark.parametrize("name,eos_bias,changes,want,want_scores", HF_BEAMS)
 def test_beam_search_follows_hugging_faces_rules_with_other_settings(name, eos_bias, changes,
-                                                                     want, want_scores):
+                                                                     want, want_scores, cache):
   model, _, _, gen, memory, mask = _loaded(name)
   kw = pretrained_seq2seq.generation({**gen["beam"], **changes})
   bias = model.logits_bias.get_value()
@@ -168,7 +171,8 @@ def test_beam_search_follows_hugging_faces_rules_with_other_settings(name, eos_b
   raised[2] += eos_bias
   model.logits_bias.set_value(jnp.asarray(raised))
   try:
-    tokens, scores = decoding.beam_search(model, memory, mask, length=12, beam=4, **kw)
+    tokens, scores = decoding.beam_search(model, memory, mask, length=12, beam=4, cache=cache,
+                                          **kw)
   finally:
     model.logits_bias.set_value(bias)
   np.testing.assert_array_equal(np.asarray(tokens), want)

@@ -91,7 +91,7 @@ def run_decoding(model, inputs, length, cache=True, beam=0):
   memory, mask = model.encode(inputs)
   if beam:
     return decoding.beam_search(model, memory, mask, length=length, beam=beam, bos_id=BOS,
-                                eos_id=EOS)
+                                eos_id=EOS, cache=cache)
   return decoding.greedy(model, memory, mask, length=length, bos_id=BOS, eos_id=EOS,
                          cache=cache)
 
@@ -174,6 +174,15 @@ def test_beam_search_finds_the_best_hypothesis_by_enumeration():
   greedy_scores = scores[np.arange(batch), g]
   assert (greedy_scores < scores.max(axis=1) - 1e-4).any(), \
       "greedy is optimal everywhere here, so this case cannot tell beam search from greedy"
+
+
+def test_beam_search_with_the_cache_equals_beam_search_without_it(trained):
+  model, x = trained
+  with_cache = run_decoding(model, x, 4, beam=3, cache=True)
+  without = run_decoding(model, x, 4, beam=3, cache=False)
+  np.testing.assert_array_equal(np.asarray(with_cache[0]), np.asarray(without[0]))
+  np.testing.assert_allclose(np.asarray(with_cache[1]), np.asarray(without[1]), atol=1e-5)
+  assert len({tuple(r) for r in np.asarray(with_cache[0])}) > 3
 
 
 def test_global_first_token_carries_far_information():
