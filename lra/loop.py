@@ -262,7 +262,8 @@ class Run:
 
   def take_step(self) -> None:
     batch = mesh_lib.global_batch(next(self.train_iter), self.trainer.mesh)
-    self.state, sums = self.trainer.train_step(self.state, batch, self.trainer.rest)
+    options = self.trainer.step_options(self.state["params"])   # adaptive span's windows
+    self.state, sums = self.trainer.train_step(self.state, batch, self.trainer.rest, **options)
     self.train_sums = metrics.add_sums(self.train_sums, sums)
 
   def data_state(self) -> dict[str, Any]:
@@ -281,6 +282,7 @@ class Run:
     now = time.perf_counter()
     m["steps_per_second"] = self.config.log_every / max(now - self.t_log, 1e-9)
     m["learning_rate"] = float(learning_rate_schedule(self.config)(step))
+    m.update(self.trainer.span_summary(self.state["params"]))
     self.writer.write(step, "train", m)
     self.last_loss, self.train_sums, self.t_log = m["loss"], None, now
 
@@ -360,6 +362,8 @@ class Run:
         "param_count": trainer.param_count,
         "wall_seconds_this_run": round(time.time() - self.started, 1),
         "train_step_traces": trainer.traces,
+        **({"span_window_sets": len(trainer.span_windows_used),
+            **trainer.span_summary(state["params"])} if trainer.span_layers else {}),
         "process_count": jax.process_count(),
         "device_count": jax.device_count(),
         "mesh": {k: int(v) for k, v in trainer.mesh.shape.items()},

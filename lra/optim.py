@@ -24,11 +24,15 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   raise ValueError(f"unknown schedule {config.schedule!r}; valid: rsqrt, cosine, constant.")
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """AdamW (decoupled weight decay) with the schedule, after optional global-norm clipping."""
+def make_optimizer(config: ml_collections.ConfigDict, decay_mask=None
+                   ) -> optax.GradientTransformation:
+  """AdamW (decoupled weight decay) with the schedule, after optional global-norm clipping.
+  `decay_mask` (params -> bools) leaves the parameters it marks False out of the weight decay
+  (adaptive span's spans, which have their own L1 term); None decays every parameter."""
   parts = []
   if config.grad_clip and config.grad_clip > 0:
     parts.append(optax.clip_by_global_norm(float(config.grad_clip)))
   parts.append(optax.adamw(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
-                           eps=config.adam_eps, weight_decay=config.weight_decay))
+                           eps=config.adam_eps, weight_decay=config.weight_decay,
+                           mask=decay_mask))
   return optax.chain(*parts)

@@ -158,6 +158,7 @@ class Trainer:
                          "may differ in init_from and init_length only).")
       vars(self).update(vars(plan))   # the plan's mesh, shardings and steps; the plan stays
       self.config = config            # abstract, for other runs
+      self.span_windows_used = set()
     self.allocate()
 
   @classmethod
@@ -183,10 +184,12 @@ class Trainer:
     seed = int(config.seed)
     task = self.task
 
-    graphdefs = []
+    graphdefs, span_layers = [], []
 
     def init_arrays():
-      graphdef, params, rest = nnx.split(task.build_model(cfg, nnx.Rngs(seed)), nnx.Param, ...)
+      model = task.build_model(cfg, nnx.Rngs(seed))
+      span_layers.append(extras_lib.span_layers(model))
+      graphdef, params, rest = nnx.split(model, nnx.Param, ...)
       graphdefs.append(graphdef)   # at trace time
       return params, rest
 
@@ -195,11 +198,17 @@ class Trainer:
     self._init_arrays = init_arrays
     abs_params, abs_rest = jax.eval_shape(init_arrays)
     graphdef = self.graphdef = graphdefs[0]
+    # Adaptive-span layers (path -> module, whose settings give each layer's band window for
+    # its current spans): the steps take the windows as a static argument (`step_options`).
+    self.span_layers = span_layers[0]
+    self.span_windows_used: set = set()
     self.param_sh = mesh_lib.state_shardings(abs_params, self.mesh, self.rules)
     self.rest_sh = mesh_lib.state_shardings(abs_rest, self.mesh, self.rules)
     abs_params = _with_shardings(abs_params, self.param_sh)
     self.abstract_rest = _with_shardings(abs_rest, self.rest_sh)
-    self.tx = make_optimizer(config)
+    # The spans are kept out of the weight decay (the models without them keep the optimizer
+    # state they always had).
+    self.tx = make_optimizer(config, extras_lib.decayed if self.span_layers else None)
     abs_opt = jax.eval_shape(self.tx.init, abs_params)
     self.opt_sh = mesh_lib.match_param_shardings(abs_opt, abs_params, self.mesh)
     repl = mesh_lib.replicated(self.mesh)
@@ -228,16 +237,22 @@ class Trainer:
     in_mesh = lambda: (jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh) if split
                        else contextlib.nullcontext())
 
-    def train_step(state, batch, rest):
-      with in_mesh():
-        return _train_step(state, batch, rest)
+    def merged(params, rest, windows):
+      model = nnx.merge(graphdef, params, rest)
+      if windows:
+        extras_lib.set_windows(model, windows)
+      return model
 
-    def _train_step(state, batch, rest):
+    def train_step(state, batch, rest, windows=()):
+      with in_mesh():
+        return _train_step(state, batch, rest, windows)
+
+    def _train_step(state, batch, rest, windows):
       traces[0] += 1  # runs at trace time only
       rng = jax.random.fold_in(base_key, state["step"])
 
       def loss_fn(params):
-        model = nnx.merge(graphdef, params, rest)
+        model = merged(params, rest, windows)
         if "task" in state:
           sums, task_state = task.objective_with_state(model, batch, rng, state["task"])
         else:
@@ -257,14 +272,13 @@ class Trainer:
         new["task"] = task_state
       return new, sums
 
-    def eval_step(params, batch, rest):
+    def eval_step(params, batch, rest, windows=()):
       with in_mesh():
-        model = nnx.merge(graphdef, params, rest)
-        return objective(model, batch, None)
+        return objective(merged(params, rest, windows), batch, None)
 
     self.train_step = jax.jit(train_step, out_shardings=(self.state_sh, repl),
-                              donate_argnums=0)
-    self.eval_step = jax.jit(eval_step, out_shardings=repl)
+                              donate_argnums=0, static_argnames="windows")
+    self.eval_step = jax.jit(eval_step, out_shardings=repl, static_argnames="windows")
 
   def allocate(self) -> "Trainer":
     """Creates the parameters, the rest of the model's state and the optimizer state (`state`);
@@ -304,15 +318,41 @@ class Trainer:
     """The train state as ShapeDtypeStructs with their shardings (a restore target)."""
     return self._abstract_state
 
+  def step_options(self, params) -> dict[str, Any]:
+    """The steps' keyword arguments for `params`: {} for most models; with adaptive-span
+    layers, `windows`, each layer's band window for its current spans (ceil(max z) + R rounded
+    up to a block). Reading the spans waits for the step that wrote them; a new set of windows
+    compiles the steps once more (`span_windows_used` counts the sets)."""
+    if not self.span_layers:
+      return {}
+    values = [_host(x) for x in extras_lib.span_parameters(params, self.span_layers)]
+    windows = extras_lib.span_windows(self.span_layers, values)
+    self.span_windows_used.add(windows)
+    return {"windows": windows}
+
+  def span_summary(self, params) -> dict[str, float]:
+    """Per adaptive-span layer i: `span_mean_i`, `span_max_i` (tokens) and `span_window_i`
+    (the band window its spans need); {} without such layers."""
+    out = {}
+    values = [_host(x) for x in extras_lib.span_parameters(params, self.span_layers)]
+    for i, ((_, m), (_, window)) in enumerate(zip(
+        self.span_layers.items(), extras_lib.span_windows(self.span_layers, values))):
+      z = m.max_span * np.clip(np.asarray(values[i], np.float64), 0.0, 1.0)
+      out.update({f"span_mean_{i}": float(z.mean()), f"span_max_{i}": float(z.max()),
+                  f"span_window_{i}": float(window)})
+    return out
+
   def evaluate(self, params, batches: Iterable[dict], *, chance_counts: np.ndarray | None = None
                ) -> dict[str, float]:
     """Sums over every example of a split (filler examples have weight 0); adds the ids of the
     task's chance reference to `chance_counts` when given."""
     total = None
+    options = self.step_options(params)
     for batch in batches:
       if chance_counts is not None:
         np.add.at(chance_counts, self.task.chance_ids(batch), 1)
-      sums = self.eval_step(params, mesh_lib.global_batch(batch, self.mesh), self.rest)
+      sums = self.eval_step(params, mesh_lib.global_batch(batch, self.mesh), self.rest,
+                            **options)
       total = metrics.add_sums(total, sums)
     if total is None:
       raise ValueError("the evaluation split is empty.")
@@ -323,6 +363,14 @@ class Trainer:
     m = metrics.summarise(sums)
     m.update(self.task.derived_metrics(m))
     return m
+
+
+def _host(x) -> np.ndarray:
+  """A (small) array's values on the host, gathered from every process when it is split."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,

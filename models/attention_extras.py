@@ -21,7 +21,8 @@ import numpy as np
 from flax import nnx
 
 import attention
-from attention import kinds
+from attention import adaptive_span, kinds
+from attention.band import default_block_size
 from models.sharding import param
 
 class Buffer(nnx.Variable):
@@ -228,13 +229,14 @@ class EntmaxAlpha(Extras):
 class AdaptiveSpan(Extras):
   """Adaptive span's z per head (Sukhbaatar et al. 2019), z = S * p with p one parameter per
   head: `span_init` (config, default 0, the paper's) tokens, p clipped to [0, 1] where used
-  (the paper clips the parameter after each update instead; docs/adaptive.md says why that
-  matters); `penalty` is the L1 weight the trainer's loss multiplies the sum of the spans by
-  (`penalty_terms`). The band's window is a static shape, S + R by default (exact at every
-  span); `window` may be lowered to `attention.adaptive_span.span_window` of the current
-  spans."""
+  (the trainer also projects p into [0, 1] after each update, as the paper clamps it;
+  docs/adaptive.md says why that matters); `penalty` is the L1 weight the trainer's loss
+  multiplies the sum of the spans by (`penalty_terms`). `train_span=False` keeps every span at
+  `span_init` (no gradient, no penalty): the same model at a fixed span. The band's window is a static shape,
+  S + R as built (exact at every span); the trainer lowers it to `window_for` the current
+  spans before each step (`span_windows`, `set_windows`), so the cost follows the spans."""
 
-  CONSUMES = ("max_span", "penalty", "ramp", "span_init")
+  CONSUMES = ("max_span", "penalty", "ramp", "span_init", "train_span")
 
   def __init__(self, args: dict, *, num_heads: int, head_dim: int, max_length: int,
                rngs: nnx.Rngs, layer_index: int = 0):
@@ -243,19 +245,34 @@ class AdaptiveSpan(Extras):
     self.ramp = int(args.get("ramp") or 32)
     self.penalty = float(args.get("penalty") or 0.0)
     self.num_heads = num_heads
+    self.train_span = args.get("train_span", True)
+    if not isinstance(self.train_span, bool):
+      raise ValueError(f"adaptive_span train_span must be true or false, got "
+                       f"{self.train_span!r}.")
     self.window = self.max_span + self.ramp
+    # The primitive's query block (`block_size` is forwarded to it): the windows' rounding grid.
+    self.block = int(args.get("block_size") or default_block_size(self.max_span + self.ramp))
     # z = S * p with p the parameter, as the paper's code: an optimizer step moves z by about
     # S * learning rate tokens (z itself as the parameter would move by ~1e-3 tokens a step).
     init = float(args.get("span_init") or 0.0) / self.max_span
     self.span = param(rngs, nnx.initializers.constant(init), (num_heads,), ("heads",))
 
   def spans(self) -> jax.Array:
-    """z per head in tokens, clipped to [0, S]."""
-    return self.max_span * jnp.clip(self.span[...], 0.0, 1.0)
+    """z per head in tokens, clipped to [0, S] (held where `train_span` is false)."""
+    p = self.span[...] if self.train_span else jax.lax.stop_gradient(self.span[...])
+    return self.max_span * jnp.clip(p, 0.0, 1.0)
+
+  def window_for(self, p) -> int:
+    """The smallest band window exact for the parameter values `p` (concrete, `[H]`):
+    ceil(max z) + R rounded up to a block."""
+    z = self.max_span * np.clip(np.asarray(p, np.float64), 0.0, 1.0)
+    return adaptive_span.span_window(z, self.ramp, self.max_span, self.block)
 
   def penalty_terms(self) -> jax.Array:
     """The paper's L1 term of this layer: penalty / M * sum of its clipped spans (M heads per
     layer; the model's penalty sums the layers, as the paper's lambda / M * sum over all z)."""
+    if not self.train_span:
+      return jnp.zeros(())
     return self.penalty / self.num_heads * jnp.sum(self.spans())
 
   def __call__(self, *, length: int, rng) -> dict[str, Any]:
@@ -277,17 +294,57 @@ def penalty(model: nnx.Module) -> jax.Array:
 PROJECTED = {("extras", "span"): (0.0, 1.0)}
 
 
+def _bounds(path) -> tuple[float, float] | None:
+  names = tuple(getattr(k, "key", getattr(k, "name", None)) for k in path)
+  names = names[:-1] if names and names[-1] == "value" else names
+  return PROJECTED.get(names[-2:])
+
+
+def decayed(params: Any) -> Any:
+  """Bools like `params`: False for the parameters of `PROJECTED` (adaptive span's spans, which
+  the paper regularises by its L1 term only), True for the rest; the weight decay's mask."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: _bounds(path) is None, params)
+
+
 def project(params: Any) -> Any:
   """`params` (a state or any pytree of them) with every parameter of `PROJECTED` clipped into
   its range; the trainer applies it after each update. Clipping in the forward pass alone is not
   the same: below 0 its gradient is 0, and adaptive span's L1 term pushed spans starting at 0
   there for good (docs/adaptive.md)."""
   def one(path, x):
-    names = tuple(getattr(k, "key", getattr(k, "name", None)) for k in path)
-    names = names[:-1] if names and names[-1] == "value" else names
-    bounds = PROJECTED.get(names[-2:])
+    bounds = _bounds(path)
     return x if bounds is None else jnp.clip(x, *bounds)
   return jax.tree_util.tree_map_with_path(one, params)
+
+
+def span_layers(model: nnx.Module) -> dict[tuple, AdaptiveSpan]:
+  """The model's adaptive-span modules by their path in the model's graph."""
+  return {tuple(path): m for path, m in nnx.iter_graph(model) if isinstance(m, AdaptiveSpan)}
+
+
+def span_parameters(params: Any, paths) -> list[Any]:
+  """The span parameter p of each adaptive-span module at `paths`, read from a params state."""
+  out = []
+  for path in paths:
+    node = params
+    for key in (*path, "span"):
+      node = node[key]
+    out.append(node[...] if isinstance(node, nnx.Variable) else node)
+  return out
+
+
+def span_windows(layers: dict[tuple, AdaptiveSpan], values) -> tuple[tuple[tuple, int], ...]:
+  """(path, window) of each layer for its span parameter values (concrete, in `layers`' order):
+  the static argument of the trainer's steps."""
+  return tuple((path, m.window_for(p)) for (path, m), p in zip(layers.items(), values))
+
+
+def set_windows(model: nnx.Module, windows: tuple[tuple[tuple, int], ...]) -> None:
+  """Sets each adaptive-span module's band window, as `span_windows` gives them (a smaller one
+  would drop keys inside the ramp: only windows computed from the parameters used are exact)."""
+  layers = span_layers(model)
+  for path, window in windows:
+    layers[path].window = int(window)
 
 
 class BigBirdSeed(Extras):
