@@ -141,8 +141,9 @@ class MultiHeadAttention(nnx.Module):
     if self.pos_kind == "relative":
       if record.relative is None:
         relative_kinds = kinds.names_where(lambda k: k.relative)
-        raise ValueError(f"pos_emb='relative' works with attention {' and '.join(relative_kinds)}"
-                         f", not {self.kind!r}.")
+        raise ValueError(f"pos_emb='relative' works with attention "
+                         f"{', '.join(relative_kinds[:-1])} and {relative_kinds[-1]}, "
+                         f"not {self.kind!r}.")
       rel_dim = head_dim + head_dim % 2        # the sinusoid's width E (even)
       self.w_r = _kernel(rngs, (rel_dim, num_heads, head_dim), (None, "heads", "head_dim"),
                          rel_dim, qkv_dim)

@@ -24,7 +24,9 @@ def np_mask(x, z, ramp):
   return out
 
 
-def np_reference(q, k, v, span, ramp, causal, key_mask):
+def np_reference(q, k, v, span, ramp, causal, key_mask, extra=None):
+  """softmax((q.k + extra) / sqrt(D) + log m) over the allowed keys; `extra` `[B, H, L, L]`
+  (Transformer-XL's position term) or None."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   b_, length, h, d = q.shape
   t = np.arange(length)[:, None]
@@ -37,7 +39,10 @@ def np_reference(q, k, v, span, ramp, causal, key_mask):
       ok = (m > 0) & key_mask[b][None, :]
       if causal:
         ok &= r <= t
-      s = q[b, :, head] @ k[b, :, head].T / np.sqrt(d)
+      s = q[b, :, head] @ k[b, :, head].T
+      if extra is not None:
+        s = s + np.asarray(extra, np.float64)[b, head]
+      s = s / np.sqrt(d)
       s = np.where(ok, s + np.log(np.where(ok, m, 1.0)), -np.inf)
       for i in range(length):
         if not key_mask[b, i] or not ok[i].any():
@@ -85,6 +90,26 @@ def test_random_spans_per_head_equal_dense_reference(causal):
   got = adaptive_span_attention(q, k, v, span=jnp.asarray(span), max_span=max_span, ramp=ramp,
                                 causal=causal, key_mask=jnp.asarray(key_mask), block_size=8)
   want = np_reference(q, k, v, span, ramp, causal, key_mask)
+  np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_relative_positions_combine_with_the_span_mask(causal):
+  # Transformer-XL's logits ((q + u).k_j + (q + v).R[i - j]) / sqrt(D) through the factorised
+  # features the layer appends to q and k, then the soft mask: against the reference with the
+  # position term from `relative.position_scores` (the shift form, tested on its own).
+  from attention import relative
+  length, heads, d, e = 37, 3, 8, 6
+  q, k, v, key_mask = inputs(length, heads=heads, d=d, seed=4)
+  ks = jax.random.split(jax.random.key(9), 3)
+  u, vb = (0.3 * jax.random.normal(x, (heads, d)) for x in ks[:2])
+  w_r = jax.random.normal(ks[2], (e, heads, d)) / np.sqrt(e)
+  span = np.array([0.0, 5.5, 40.0])
+  qa, ka = relative.factorised_qk(q, k, u=u, v_bias=vb, w_r=w_r)
+  got = adaptive_span_attention(qa, ka, v, span=jnp.asarray(span), max_span=40, ramp=8,
+                                causal=causal, key_mask=jnp.asarray(key_mask), block_size=8)
+  extra = relative.position_scores(q + vb, w_r, length)
+  want = np_reference(q + u, k, v, span, 8, causal, key_mask, extra=extra)
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
 
 

@@ -258,13 +258,15 @@ def test_relative_positions_follow_the_record(name):
   build = lambda: MultiHeadAttention(EMB, HEADS, EMB, spec, max_length=LENGTH,
                                      positions={"kind": "relative"}, rngs=nnx.Rngs(0))
   if kind.relative is None:
-    with pytest.raises(ValueError, match="pos_emb='relative' works with attention band and "
-                                         f"dot_product, not {name!r}"):
+    with pytest.raises(ValueError, match="pos_emb='relative' works with attention "
+                                         f"adaptive_span, band and dot_product, not {name!r}"):
       build()
     return
   x, key_mask = inputs()
   assert build()(x, key_mask).shape == x.shape
-  assert kind.memory == kind.supports_causal   # both relative kinds carry a memory
+  # band and dot_product carry a memory; adaptive span takes relative positions but has no
+  # span mask in the memory's attention (models/memory.py)
+  assert kind.memory == (kind.supports_causal and name != "adaptive_span")
 
 
 def test_the_record_refuses_inconsistent_fields():
