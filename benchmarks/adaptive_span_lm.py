@@ -48,7 +48,8 @@ def overrides(args, variant: str) -> list[tuple[str, str]]:
          ("learning_rate", repr(args.lr)), ("warmup_steps", str(args.steps // 10)),
          ("log_every", str(args.log_every)), ("eval_every", str(args.steps)),
          ("checkpoint_every", str(args.steps)), ("seed", str(args.seed)),
-         ("model.attention.max_span", str(n)), ("model.attention.penalty", repr(args.penalty))]
+         ("model.attention.max_span", str(n)), ("model.attention.penalty", repr(args.penalty)),
+         ("model.pos_emb", args.pos_emb)]
   if variant == "fixed":
     out += [("model.attention.span_init", str(n)), ("model.attention.train_span", "false")]
   else:
@@ -123,6 +124,9 @@ def main(argv=None) -> int:
   p.add_argument("--lr", type=float, default=2e-3)
   p.add_argument("--penalty", type=float, default=2e-6, help="the L1 weight lambda")
   p.add_argument("--span_init", type=float, default=0.0, help="the adaptive spans' start")
+  p.add_argument("--pos_emb", default="sinusoidal", choices=("sinusoidal", "relative"),
+                 help="positions: sinusoids added to the input, or Transformer-XL's relative "
+                      "ones (the paper's model has relative positions)")
   p.add_argument("--log_every", type=int, default=50)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--reps", type=int, default=20, help="timed steps per window set")
