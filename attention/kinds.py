@@ -235,7 +235,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("adaptive_span", "adaptive_span", "adaptive_span_attention", extras="AdaptiveSpan",
          paper="Adaptive Attention Span (Sukhbaatar et al. 2019)",
          summary="soft span learned per head, on a band of the largest span",
-         aliases=("adaptive_attention_span",), relative="factorised",
+         aliases=("adaptive_attention_span",), relative="factorised", memory=True,
          defaults=lambda window, max_length: {"max_span": max(1, min(max_length, 8192)),
                                               "ramp": 32, "penalty": 2e-6, "span_init": 0.0,
                                               "train_span": True},

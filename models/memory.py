@@ -36,6 +36,8 @@ import numpy as np
 from flax import nnx
 
 from attention import kinds, relative, validation
+from attention.adaptive_span import span_mask
+from models.attention_extras import AdaptiveSpan
 from models.settings import ModelSettings
 
 COMPRESSIONS = ("mean", "max", "conv")
@@ -54,7 +56,7 @@ def init_state(num_layers: int, batch: int, emb_dim: int, memory_length: int,
 
 def memory_attention(q, k, v, *, u, v_bias, w_r, key_valid, query_valid, window=None,
                      dilation: int | Sequence[int] = 1, max_distance: int | None = None,
-                     clamp_len: int = 0):
+                     clamp_len: int = 0, span=None, ramp: float = 32.0):
   """Dense relative attention of `q [B, L, H, D]` over `k, v [B, P + L, H, D]` (P earlier keys).
 
   Query i is at key position P + i; key j is allowed when key_valid[:, j], j <= P + i, (with
@@ -62,7 +64,9 @@ def memory_attention(q, k, v, *, u, v_bias, w_r, key_valid, query_valid, window=
   t <= window * d_h and t % d_h == 0 (d_h = `dilation`, an int or one int per head), and (with
   `max_distance`, Transformer-XL's `same_length`) t <= max_distance. Rows with no allowed key
   give zeros. With `clamp_len` > 0 the position term uses the distance min(t, clamp_len)
-  (Transformer-XL's clamp_len).
+  (Transformer-XL's clamp_len). With `span` (`[H]`, adaptive span's z per head) the weights
+  are softmax(logits + log m) with m = clamp((ramp + z_h - t) / ramp, 0, 1), keys with m = 0
+  not allowed (`attention.adaptive_span`).
   """
   b, lq, h, d = q.shape
   lk = k.shape[1]
@@ -76,6 +80,12 @@ def memory_attention(q, k, v, *, u, v_bias, w_r, key_valid, query_valid, window=
     allowed = allowed & (distance[None] <= int(window) * dil) & (distance[None] % dil == 0)
   if max_distance is not None:
     allowed = allowed & (distance <= int(max_distance))[None]
+  span_bias = 0.0
+  if span is not None:
+    m = span_mask(distance[None].astype(jnp.float32),
+                  jnp.asarray(span, jnp.float32)[:, None, None], ramp)   # [H, L, P+L]
+    allowed = allowed & (m > 0)
+    span_bias = jnp.log(jnp.where(m > 0, m, 1.0))
   allowed = allowed[None] & key_valid[:, None, None, :] & query_valid[:, None, :, None]
   qf = q.astype(jnp.float32)
   content = jnp.einsum("bqhd,bkhd->bhqk", qf + u, k.astype(jnp.float32))
@@ -85,7 +95,7 @@ def memory_attention(q, k, v, *, u, v_bias, w_r, key_valid, query_valid, window=
     distance = jnp.minimum(distance, clamp_len)
   index = jnp.broadcast_to((lk - 1) - distance, pos.shape[:2] + (lq, lk))
   pos = jnp.take_along_axis(pos, index, axis=-1)
-  logits = jnp.where(allowed, (content + pos) / math.sqrt(d), -1e30)
+  logits = jnp.where(allowed, (content + pos) / math.sqrt(d) + span_bias, -1e30)
   p = jax.nn.softmax(logits, axis=-1) * allowed
   return jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32)).astype(q.dtype)
 
@@ -111,9 +121,13 @@ def attend(mha, x, prefix, query_valid, key_valid, clamp_len, same_length):
   window = mha.args.get("window")   # a band layer: its window, as far as the memory reaches
   dilation = mha.args.get("dilation", 1)   # a None or 0 is refused by the config check
   limit = prefix.shape[1] - 1 if same_length else None
+  spans = {}
+  if isinstance(mha.extras, AdaptiveSpan):   # its soft span over the memory too
+    got = mha.extras(length=x.shape[1], rng=None)
+    spans = {"span": jnp.clip(got["span"], 0.0, float(got["max_span"])), "ramp": got["ramp"]}
   out = memory_attention(q, k, v, u=mha.u[...], v_bias=mha.v_bias[...], w_r=mha.w_r[...],
                          key_valid=key_valid, query_valid=query_valid, window=window,
-                         dilation=dilation, max_distance=limit, clamp_len=clamp_len)
+                         dilation=dilation, max_distance=limit, clamp_len=clamp_len, **spans)
   return jnp.einsum("blhd,hde->ble", out, mha.out[...].astype(out.dtype))
 
 

@@ -113,6 +113,52 @@ def test_relative_positions_combine_with_the_span_mask(causal):
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
 
 
+def test_memory_attention_with_spans_by_definition():
+  """The memory's attention with a span per head (models/memory.py), against a NumPy
+  transcription of Transformer-XL's logit plus log m over the keys [memory; segment], with a
+  padded memory key; and with an empty memory it equals the band computation of the primitive
+  on the factorised features."""
+  from attention import relative
+  from models import memory as memory_lib
+  b, lq, prefix, h, d, e, ramp = 1, 5, 9, 3, 4, 6, 3
+  keys = jax.random.split(jax.random.key(3), 6)
+  q = jax.random.normal(keys[0], (b, lq, h, d))
+  k, v = (jax.random.normal(keys[i], (b, prefix + lq, h, d)) for i in (1, 2))
+  u, vb = (0.5 * jax.random.normal(keys[i], (h, d)) for i in (3, 4))
+  w_r = jax.random.normal(keys[5], (e, h, d)) / np.sqrt(e)
+  valid = jnp.ones((b, prefix + lq), bool).at[0, 2].set(False)
+  span = np.array([0.0, 2.5, 7.0])
+  got = memory_lib.memory_attention(q, k, v, u=u, v_bias=vb, w_r=w_r, key_valid=valid,
+                                    query_valid=jnp.ones((b, lq), bool),
+                                    span=jnp.asarray(span), ramp=ramp)
+  q, k, v, u, vb, w_r = map(np.asarray, (q, k, v, u, vb, w_r))
+  want = np.zeros(got.shape, np.float64)
+  for head in range(h):
+    for i in range(lq):
+      p = prefix + i
+      seen = [j for j in range(p + 1) if j != 2
+              and np_mask(np.array(p - j), span[head], ramp) > 0]
+      m = np.array([float(np_mask(np.array(p - j), span[head], ramp)) for j in seen])
+      r = np.asarray(relative.sinusoid([p - j for j in seen], e)) @ w_r[:, head]
+      logit = (k[0, seen, head] @ (q[0, i, head] + u[head]) +
+               r @ (q[0, i, head] + vb[head])) / np.sqrt(d) + np.log(m)
+      w = np.exp(logit - logit.max())
+      want[0, i, head] = (w / w.sum()) @ v[0, seen, head]
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)
+  # No memory: the same as the primitive's band on the factorised q and k.
+  qs, ks, vs = (jnp.asarray(x[:, -lq:]) if x.shape[1] > lq else jnp.asarray(x)
+                for x in (q, k, v))
+  alone = memory_lib.memory_attention(qs, ks, vs, u=jnp.asarray(u), v_bias=jnp.asarray(vb),
+                                      w_r=jnp.asarray(w_r), key_valid=jnp.ones((b, lq), bool),
+                                      query_valid=jnp.ones((b, lq), bool),
+                                      span=jnp.asarray(span), ramp=ramp)
+  qa, ka = relative.factorised_qk(qs, ks, u=jnp.asarray(u), v_bias=jnp.asarray(vb),
+                                  w_r=jnp.asarray(w_r))
+  band = adaptive_span_attention(qa, ka, vs, span=jnp.asarray(span), max_span=8, ramp=ramp,
+                                 causal=True, block_size=8)
+  np.testing.assert_allclose(np.asarray(alone), np.asarray(band), atol=1e-5)
+
+
 def test_window_follows_the_largest_span():
   assert span_window(np.array([1.0, 3.0]), 4, 100, block=8) == 8
   assert span_window(np.array([1.0, 4.5]), 4, 100, block=8) == 16

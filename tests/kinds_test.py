@@ -264,9 +264,7 @@ def test_relative_positions_follow_the_record(name):
     return
   x, key_mask = inputs()
   assert build()(x, key_mask).shape == x.shape
-  # band and dot_product carry a memory; adaptive span takes relative positions but has no
-  # span mask in the memory's attention (models/memory.py)
-  assert kind.memory == (kind.supports_causal and name != "adaptive_span")
+  assert kind.memory == kind.supports_causal   # every relative kind carries a memory
 
 
 def test_the_record_refuses_inconsistent_fields():
