@@ -232,9 +232,10 @@ class AdaptiveSpan(Extras):
   (the trainer also projects p into [0, 1] after each update, as the paper clamps it;
   docs/adaptive.md says why that matters); `penalty` is the L1 weight the trainer's loss
   multiplies the sum of the spans by (`penalty_terms`). `train_span=False` keeps every span at
-  `span_init` (no gradient, no penalty): the same model at a fixed span. The band's window is a static shape,
-  S + R as built (exact at every span); the trainer lowers it to `window_for` the current
-  spans before each step (`span_windows`, `set_windows`), so the cost follows the spans."""
+  `span_init` (no gradient, no penalty): the same model at a fixed span. The band's window is
+  a static shape, S + R as built (exact at every span); the trainer lowers it to `window_for`
+  the current spans before each step (`span_windows`, `set_windows`), so the cost follows
+  the spans."""
 
   CONSUMES = ("max_span", "penalty", "ramp", "span_init", "train_span")
 
