@@ -1,18 +1,22 @@
-"""The needle figure: accuracy against distance per attention kind, from a sweep's runs.
+"""The recall figures from a sweep's runs: needle accuracy against distance per attention kind,
+or MQAR accuracy against model width per kind (Zoology's figure).
 
-  python benchmarks/recall_plot.py DIR [--plot PNG] [--reach N]
+  python benchmarks/recall_plot.py DIR [--task needle|mqar] [--plot PNG] [--reach N]
 
-DIR holds needle runs (`lra sweep needle --sweep distance --workdir DIR`, or single `lra run
-needle` folders). Each finished run's `results.json` has `test_accuracy_by_distance` (the test
-needles retrieved per distance bin [2, 4), [4, 8), ...; `lra.tasks.needle`), its `config.json`
-the kind, the variant and whether the query was a global token. Runs that differ only in the
-seed are one line: the mean over seeds, with a bar from the lowest to the highest seed.
+DIR holds runs of one task (`lra sweep needle --sweep distance --workdir DIR`, `lra sweep mqar
+--sweep zoology --workdir DIR`, or single `lra run` folders). For needle (the default), each
+finished run's `results.json` has `test_accuracy_by_distance` (the test needles retrieved per
+distance bin [2, 4), [4, 8), ...; `lra.tasks.needle`), its `config.json` the kind, the variant
+and whether the query was a global token. For mqar, a run is one point: its `test_accuracy`
+(the answers recalled, on the best validation checkpoint) at its model width
+(`model.emb_dim`). Runs that differ only in the seed are one line: the mean over seeds, with a
+bar from the lowest to the highest seed.
 
-Prints a Markdown table (one row per kind, one column per bin: mean and, over several seeds,
-the range); `--plot PNG` draws accuracy against distance (log2 axis), one line per kind, chance
-(one in the number of values) dotted, and, with `--reach N`, a vertical line at the band
-models' reach (window x layers). Drawn with Pillow (benchmarks/pillow_canvas.py), as the other
-plots of this repository.
+Prints a Markdown table (one row per kind, one column per distance bin or width: mean and,
+over several seeds, the range); `--plot PNG` draws accuracy against distance or width (log2
+axis), one line per kind, chance (needle: one in the number of values) dotted, and, with
+`--reach N`, a vertical line at the band models' reach (window x layers). Drawn with Pillow
+(benchmarks/pillow_canvas.py), as the other plots of this repository.
 """
 
 from __future__ import annotations
@@ -46,9 +50,14 @@ def _bin_low(name: str) -> int:
   return int(name.split("-")[0])
 
 
-def read_runs(root: str) -> tuple[dict[str, dict[int, list[float]]], dict]:
-  """({line: {bin low: [accuracy per seed]}}, one run's data config) of the finished needle runs
-  under `root`, in the order their folders sort."""
+TASKS = ("needle", "mqar")
+
+
+def read_runs(root: str, task: str = "needle"
+              ) -> tuple[dict[str, dict[int, list[float]]], dict]:
+  """({line: {x: [accuracy per seed]}}, one run's data config) of the finished runs of `task`
+  under `root`, in the order their folders sort; x is a distance bin's low end (needle) or the
+  model width (mqar)."""
   lines: dict[str, dict[int, list[float]]] = {}
   data: dict = {}
   runs = sorted(base for base, _, files in os.walk(root) if "results.json" in files)
@@ -60,20 +69,31 @@ def read_runs(root: str) -> tuple[dict[str, dict[int, list[float]]], dict]:
         config = json.load(f)
     except (OSError, ValueError):
       continue                                # not finished, or not a run of its own
-    by_distance = result.get("test_accuracy_by_distance")
-    if result.get("task") != "needle" or not by_distance:
+    if result.get("task") != task:
       continue
+    if task == "mqar":
+      width = config.get("model", {}).get("emb_dim")
+      if width is None or result.get("test_accuracy") is None:
+        continue
+      points = {int(width): float(result["test_accuracy"])}
+    else:
+      by_distance = result.get("test_accuracy_by_distance")
+      if not by_distance:
+        continue
+      points = {_bin_low(name): float(acc) for name, acc in by_distance.items()}
     data = data or config.get("data", {})
     line = lines.setdefault(label(config), {})
-    for name, accuracy in by_distance.items():
-      line.setdefault(_bin_low(name), []).append(float(accuracy))
+    for x, accuracy in points.items():
+      line.setdefault(x, []).append(accuracy)
   return lines, data
 
 
-def table(lines: dict[str, dict[int, list[float]]]) -> str:
-  """Markdown: one row per line, one column per distance bin, `mean (lo-hi)` over seeds."""
+def table(lines: dict[str, dict[int, list[float]]], task: str = "needle") -> str:
+  """Markdown: one row per line, one column per distance bin (needle) or width (mqar),
+  `mean (lo-hi)` over seeds."""
   bins = sorted({b for line in lines.values() for b in line})
-  out = ["| kind | seeds | " + " | ".join(f"d {b}-{2 * b - 1}" for b in bins) + " |",
+  head = (lambda b: f"width {b}") if task == "mqar" else (lambda b: f"d {b}-{2 * b - 1}")
+  out = ["| kind | seeds | " + " | ".join(head(b) for b in bins) + " |",
          "|---|---|" + "---|" * len(bins)]
   for name, line in lines.items():
     seeds = max(len(v) for v in line.values())
@@ -91,19 +111,28 @@ def table(lines: dict[str, dict[int, list[float]]]) -> str:
 
 
 def plot(lines: dict[str, dict[int, list[float]]], path: str, *, chance: float | None = None,
-         reach: int | None = None, title: str = "") -> Canvas:
-  """Accuracy against distance (log2), one line per kind: the mean over seeds at each bin's
-  middle, a bar over the seeds' range; chance dotted, the band reach a vertical line."""
+         reach: int | None = None, title: str = "", task: str = "needle") -> Canvas:
+  """Accuracy against distance or width (log2), one line per kind: the mean over seeds at each
+  bin's middle (needle) or width (mqar), a bar over the seeds' range; chance dotted, the band
+  reach a vertical line."""
   bins = sorted({b for line in lines.values() for b in line})
-  middle = lambda b: (b * 2 - 1 + b) / 2
+  if task == "mqar":
+    middle = lambda b: float(b)
+    xlabel, name_of = "model width (log)", lambda m: f"{int(m)}"
+    title = title or "MQAR answers recalled against model width"
+  else:
+    middle = lambda b: (b * 2 - 1 + b) / 2
+    xlabel = "distance d from the query to the key (bins [2^k, 2^(k+1)), log)"
+    name_of = lambda m: next(f"{b}-{2 * b - 1}" for b in bins if middle(b) == m)
+    title = title or "Needles retrieved against distance"
+  lo, hi = middle(bins[0]), middle(bins[-1])
+  if hi == lo:                                  # one column: an axis around it
+    lo, hi = lo / 1.5, hi * 1.5
   canvas = Canvas((1300, 640))
   font, small = load_font(20), load_font(15)
-  ax = Axes(canvas, (100, 70, 900, 540), (middle(bins[0]), middle(bins[-1])), (0.0, 1.0),
-            True, False)
-  ax.frame(title or "Needles retrieved against distance", "distance d from the query to the key "
-           "(bins [2^k, 2^(k+1)), log)", "test accuracy", xticks=[middle(b) for b in bins],
-           font=font, small=small, xlabel_of=lambda m: next(
-               f"{b}-{2 * b - 1}" for b in bins if middle(b) == m))
+  ax = Axes(canvas, (100, 70, 900, 540), (lo, hi), (0.0, 1.0), True, False)
+  ax.frame(title, xlabel, "test accuracy", xticks=[middle(b) for b in bins], font=font,
+           small=small, xlabel_of=name_of)
   draw = canvas.draw
   if chance is not None:
     dashes(draw, ax.xy(ax.xlim[0], chance), ax.xy(ax.xlim[1], chance), "#999999", width=2,
@@ -134,7 +163,9 @@ def plot(lines: dict[str, dict[int, list[float]]], path: str, *, chance: float |
 
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("dir", help="a folder of needle runs (a sweep's workdir)")
+  p.add_argument("dir", help="a folder of runs (a sweep's workdir)")
+  p.add_argument("--task", default="needle", choices=TASKS,
+                 help="needle: accuracy against distance; mqar: accuracy against width")
   p.add_argument("--plot", default=None, help="write the figure to this PNG")
   p.add_argument("--reach", type=int, default=None,
                  help="draw the band models' reach (window x layers) at this distance")
@@ -142,16 +173,20 @@ def main(argv: list[str] | None = None) -> int:
   if not os.path.isdir(args.dir):
     print(f"error: {args.dir} is not a folder of runs.", file=sys.stderr)
     return 2
-  lines, data = read_runs(args.dir)
+  lines, data = read_runs(args.dir, args.task)
   if not lines:
-    print(f"error: no finished needle run with accuracy by distance under {args.dir}.",
-          file=sys.stderr)
+    what = ("with accuracy by distance" if args.task == "needle" else "with a test accuracy")
+    print(f"error: no finished {args.task} run {what} under {args.dir}.", file=sys.stderr)
     return 2
-  print(table(lines))
+  print(table(lines, args.task))
   if args.plot:
-    values = data.get("num_values")
-    plot(lines, args.plot, chance=1.0 / values if values else None, reach=args.reach,
-         title=f"Needle retrieval, sequences of {data.get('max_length', '?')} tokens")
+    if args.task == "mqar":
+      plot(lines, args.plot, task="mqar", title=f"MQAR, {data.get('num_kv_pairs', '?')} pairs "
+           f"in {data.get('max_length', '?')} tokens: answers recalled against width")
+    else:
+      values = data.get("num_values")
+      plot(lines, args.plot, chance=1.0 / values if values else None, reach=args.reach,
+           title=f"Needle retrieval, sequences of {data.get('max_length', '?')} tokens")
     print(f"wrote {args.plot}")
   return 0
 

@@ -78,3 +78,32 @@ def test_the_command_prints_the_table_and_refuses_a_folder_without_runs(sweep, t
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "no finished needle run" in err
   assert recall_plot.main([str(tmp_path / "missing")]) == 2
+
+
+def _mqar_run(root, name, kind, width, accuracy):
+  run = root / name
+  run.mkdir(parents=True)
+  config = {"model": {"attention": {"kind": kind}, "emb_dim": width},
+            "data": {"num_kv_pairs": 4, "max_length": 64}}
+  (run / "config.json").write_text(json.dumps(config))
+  (run / "results.json").write_text(json.dumps({"task": "mqar", "test_accuracy": accuracy}))
+
+
+def test_mqar_runs_make_the_width_table_and_figure(sweep, tmp_path, capsys):
+  for kind, accs in (("dot_product", (1.0, 1.0, 0.98, 1.0)), ("linear", (0.2, 0.3, 0.7, 0.9))):
+    for i, (width, acc) in enumerate(zip((32, 32, 64, 128), accs)):
+      _mqar_run(sweep, f"{kind}-w{width}-{i}", kind, width, acc)
+  lines, data = recall_plot.read_runs(str(sweep), "mqar")
+  assert data == {"num_kv_pairs": 4, "max_length": 64}
+  assert lines == {"dot_product": {32: [1.0, 1.0], 64: [0.98], 128: [1.0]},
+                   "linear": {32: [0.2, 0.3], 64: [0.7], 128: [0.9]}}   # the needle runs left out
+  rows = recall_plot.table(lines, "mqar").splitlines()
+  assert rows[0] == "| kind | seeds | width 32 | width 64 | width 128 |"
+  mean = statistics.mean([0.2, 0.3])
+  assert rows[3] == f"| linear | 2 | {mean:.3f} (0.20-0.30) | 0.700 | 0.900 |"
+  path = tmp_path / "zoology.png"
+  assert recall_plot.main([str(sweep), "--task", "mqar", "--plot", str(path)]) == 0
+  assert Image.open(path).size == (1300, 640)
+  assert "| dot_product | 2 |" in capsys.readouterr().out
+  lines, _ = recall_plot.read_runs(str(sweep))                      # needle: no MQAR run in it
+  assert "linear" not in lines
