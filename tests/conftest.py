@@ -2,7 +2,12 @@
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# XLA:CPU ends the process when one of the 8 device threads reaches a collective more than 40 s
+# after the others. On a loaded machine (two test workers beside other jobs on 2 cores) a
+# thread can be starved that long, so the suite gives the collectives 10 minutes.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                      "--xla_cpu_collective_call_terminate_timeout_seconds=600 "
+                      "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120")
 
 import jax  # noqa: E402
 
