@@ -25,14 +25,19 @@ bench-demo: $(STAMP)
 	$(VENV)/bin/python benchmarks/attention.py --demo
 
 # The suite on up to 4 cores (pytest-xdist), one test file per worker: a file's tests share its
-# fixtures (trained runs, generated data) and run in order.
+# fixtures (trained runs, generated data) and run in order. A test still running after 20 minutes
+# has hung: pytest-timeout prints every thread's stack and ends its worker. A worker that ended
+# is not replaced (xdist would run the same test again on the new one, file by file), so the
+# suite finishes with that test failed.
+PYTEST := $(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile \
+	--timeout 1200 --timeout-method thread --max-worker-restart 0
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile tests
+	$(PYTEST) tests
 
 # The same without the end-to-end tests marked `slow` (training runs, the command in
 # subprocesses, multi-process runs, fault soaks): the quick check while developing.
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 # The first hour scripted: the README's main job and every doc command that states a number, from
 # a fresh clone, each compared with its doc (benchmarks/first_hour.py; ~25 min, QUICK=1: ~1 min).

