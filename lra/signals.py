@@ -186,6 +186,12 @@ class StartUp:
   def __exit__(self, *exc) -> bool:
     for sig, previous in self._previous.items():
       _restore(sig, previous)
+    if self._previous and _held:
+      # The command ends on the signal it held (it said so). A second Ctrl-C while the
+      # interpreter shuts down (XLA's thread pools take a moment) would end the process killed
+      # by the signal instead of with status 130; nothing is left to stop, so it is ignored
+      # (Python keeps an ignored signal ignored through its shutdown).
+      signal.signal(signal.SIGINT, signal.SIG_IGN)
     self._previous.clear()
     _held.clear()   # taken by the run's StopRequest, or it ended the command
     return False

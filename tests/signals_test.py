@@ -103,3 +103,24 @@ def test_sigterm_stays_held_after_the_blocks_that_came_before_hold_early():
   out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert (out.returncode, out.stdout) == (0, "alive True\n"), (out.returncode, out.stderr)
+
+
+def test_a_second_ctrl_c_while_an_interrupted_start_up_exits_leaves_status_130():
+  """A start-up that ends on its held Ctrl-C leaves SIGINT ignored, so a second one during the
+  interpreter's shutdown does not kill the process (status -2 instead of 130); one that was
+  never interrupted puts Python's handler back."""
+  child = (
+      "import os, signal, sys\n"
+      "from lra import signals\n"
+      "with signals.StartUp(lambda s: 'held', 'abort'):\n"
+      "  pass\n"
+      "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)\n"
+      "with signals.StartUp(lambda s: 'held', 'abort'):\n"
+      "  os.kill(os.getpid(), signal.SIGINT)\n"
+      "print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN, flush=True)\n"
+      "os.kill(os.getpid(), signal.SIGINT)\n"
+      "sys.exit(130)\n")
+  out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert (out.returncode, out.stdout) == (130, "True\nheld\nTrue\n"), (out.returncode,
+                                                                     out.stderr)
