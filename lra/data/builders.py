@@ -421,6 +421,23 @@ class TaskData:
             archive, data_cfg.manual_dir, download=data_cfg.download)),
         pending=lambda data_cfg, b: archive_status(task, b, [(archive, data_cfg.manual_dir)]))
 
+  @classmethod
+  def generated(cls, task: str, builder_class: type[tfds.core.DatasetBuilder],
+                builder_config: Callable[[ml_collections.ConfigDict], tfds.core.BuilderConfig],
+                generator: str) -> TaskData:
+    """A task whose data a generator makes (no original file): `builder_class` with the config
+    `builder_config(data_cfg)` in data.data_dir; while not prepared, the status says that the
+    `generator` builds it on first use."""
+    def builder(data_cfg):
+      return builder_class(config=builder_config(data_cfg),
+                           data_dir=os.path.expanduser(data_cfg.data_dir))
+
+    def pending(data_cfg, b):
+      del data_cfg
+      return Status(task, False, f"built from the {generator} on first use (or by `lra data "
+                                 f"prepare {task}`) in {b.data_dir}.")
+    return cls(task, builder, locate=lambda data_cfg: None, pending=pending)
+
   def build(self, data_cfg: ml_collections.ConfigDict) -> tfds.core.DatasetBuilder:
     """The builder of data_cfg's dataset, prepared first (from the located files) if needed."""
     if self.refresh is not None:
