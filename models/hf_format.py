@@ -103,12 +103,14 @@ TRANSFORMS: dict[str, tuple[Callable[[tuple[int, ...]], tuple[int, ...]],
                lambda w, shape: w.T.reshape(shape)),
     "heads_out": (lambda shape: (shape[-1], int(np.prod(shape[:-1]))),
                   lambda w, shape: w.T.reshape(shape)),
+    # BART's final_logits_bias is a [1, V] buffer; ours is [V].
+    "row": (lambda shape: (1, *shape), lambda w, shape: w.reshape(shape)),
 }
 # The way back (export): our array -> the Hugging Face tensor.
 INVERSES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "copy": lambda w: w, "heads": lambda w: w.reshape(-1),
     "linear": lambda w: w.reshape(w.shape[0], -1).T,
-    "heads_out": lambda w: w.reshape(-1, w.shape[-1]).T}
+    "heads_out": lambda w: w.reshape(-1, w.shape[-1]).T, "row": lambda w: w.reshape(1, -1)}
 
 
 def target(model, path: str):
@@ -125,5 +127,39 @@ def tile_positions(table: np.ndarray, offset: int, rows: int) -> np.ndarray:
   return np.concatenate([table[:offset], np.tile(body, (reps, 1))[:rows]], axis=0)
 
 
-__all__ = ["ACTIVATIONS", "CheckpointError", "INVERSES", "Report", "TRANSFORMS", "field", "read",
-           "read_json", "target", "tile_positions"]
+
+def assign(model, path: str, kind: str, entries, tensors: dict[str, np.ndarray], report: Report,
+           *, positions: str, source_length: int, offset: int, what: str = "positions",
+           optional: dict[str, str] | None = None) -> None:
+  """Writes each checkpoint tensor of `entries` ((Hugging Face name, our variable's path, one of
+  TRANSFORMS) triples) into `model`, recording it in `report.mapped`. The learned position table
+  `positions` (`source_length` rows after `offset`) is tiled over a longer one, noted in
+  `report.notes` as `what`. A tensor of `optional` may be missing (its note is recorded); any other
+  missing tensor, or a wrong shape, raises CheckpointError naming it."""
+  optional = optional or {}
+  for hf, ours, how in entries:
+    if hf not in tensors:
+      if hf in optional:
+        report.notes.append(optional[hf])
+        continue
+      raise CheckpointError(f"{path}: tensor {hf!r} is missing (a {kind} checkpoint with this "
+                            f"config.json has it).")
+    value = np.asarray(tensors[hf], np.float32)
+    variable = target(model, ours)
+    shape = tuple(variable.get_value().shape)
+    if ours == positions and shape[0] != value.shape[0]:
+      if value.shape[0] - offset != source_length:
+        raise CheckpointError(f"{path}: tensor {hf!r} has {value.shape[0]} rows, but "
+                              f"config.json makes it {source_length + offset}.")
+      value = tile_positions(value, offset, shape[0] - offset)
+      report.notes.append(f"{what}: {source_length} copied to {shape[0] - offset}")
+    hf_shape, transform = TRANSFORMS[how]
+    if tuple(value.shape) != hf_shape(shape):
+      raise CheckpointError(f"{path}: tensor {hf!r} has shape {tuple(value.shape)}, but this "
+                            f"config.json makes it {hf_shape(shape)} (our {ours}: {shape}).")
+    variable.set_value(transform(value, shape).astype(variable.get_value().dtype))
+    report.mapped[hf] = ours
+  report.unused = sorted(n for n in tensors if n not in report.mapped)
+
+__all__ = ["ACTIVATIONS", "CheckpointError", "INVERSES", "Report", "TRANSFORMS", "assign", "field",
+           "read", "read_json", "target", "tile_positions"]

@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from models.hf_format import (ACTIVATIONS, INVERSES, TRANSFORMS, CheckpointError, Report,
-                              field as _field, read, read_json as _read_json,
-                              target as _target, tile_positions as _tile_positions)
+from models import hf_format
+from models.hf_format import (ACTIVATIONS, INVERSES, CheckpointError, Report, field as _field,
+                              read, read_json as _read_json, target as _target)
 
 SUPPORTED = ("bert", "roberta", "longformer", "big_bird")
 EXPORTS = ("bert", "roberta", "longformer")     # what `export` writes
@@ -228,27 +228,9 @@ def assign(encoder, path: str, config: dict[str, Any] | None = None,
   if offset != source["position_offset"]:
     raise CheckpointError(f"{path}: this model keeps {offset} rows before the first position, "
                           f"the checkpoint {source['position_offset']}.")
-  for hf, ours, how in _encoder_entries(prefix, config, lm=lm):
-    if hf not in tensors:
-      raise CheckpointError(f"{path}: tensor {hf!r} is missing (a {kind} checkpoint with this "
-                            f"config.json has it).")
-    value = np.asarray(tensors[hf], np.float32)
-    variable = _target(encoder, ours)
-    shape = tuple(variable.get_value().shape)
-    if ours == "positions.table" and shape[0] != value.shape[0]:
-      if value.shape[0] - offset != source["max_length"]:
-        raise CheckpointError(f"{path}: tensor {hf!r} has {value.shape[0]} rows, but "
-                              f"config.json's max_position_embeddings says "
-                              f"{source['max_length'] + offset}.")
-      value = _tile_positions(value, offset, shape[0] - offset)
-      report.notes.append(f"positions: {source['max_length']} copied to {shape[0] - offset}")
-    hf_shape, transform = TRANSFORMS[how]
-    if tuple(value.shape) != hf_shape(shape):
-      raise CheckpointError(f"{path}: tensor {hf!r} has shape {tuple(value.shape)}, but this "
-                            f"config.json makes it {hf_shape(shape)} (our {ours}: {shape}).")
-    variable.set_value(transform(value, shape).astype(variable.get_value().dtype))
-    report.mapped[hf] = ours
-  report.unused = sorted(n for n in tensors if n not in report.mapped)
+  hf_format.assign(encoder, path, kind, _encoder_entries(prefix, config, lm=lm), tensors, report,
+                   positions="positions.table", source_length=source["max_length"],
+                   offset=offset)
   if encoder.settings.attention.kind == "bigbird" and kind == "big_bird":
     report.notes.append("block-sparse attention as Hugging Face's inference computes it "
                         "(random_blocks='first': every random block is block 0); "

@@ -49,14 +49,10 @@ from typing import Any
 import numpy as np
 
 from models import hf_format
-from models.hf_format import TRANSFORMS, CheckpointError, Report
+from models.hf_format import CheckpointError, Report
 from models.hf_format import field as _field, target as _target
 
 ARCHITECTURES = ("bart", "led")
-
-# final_logits_bias is a [1, V] buffer; ours is [V].
-_TRANSFORMS = {**TRANSFORMS,
-               "row": (lambda shape: (1, *shape), lambda w, shape: w.reshape(shape))}
 
 
 def seq2seq_settings(config: dict[str, Any], path: str = ".") -> dict[str, Any]:
@@ -211,29 +207,11 @@ def assign_seq2seq(model, path: str, config: dict[str, Any], tensors: dict[str, 
   prefix = _prefix(kind, tensors)
   _check_tied(path, prefix, tensors)
   offset = settings.position_offset
-  for hf, ours, how in _seq2seq_entries(prefix, config):
-    if hf not in tensors:
-      if hf == "final_logits_bias":
-        report.notes.append("final_logits_bias: not in the checkpoint (a base model), zeros")
-        continue
-      raise CheckpointError(f"{path}: tensor {hf!r} is missing (a {kind} checkpoint with this "
-                            f"config.json has it).")
-    value = np.asarray(tensors[hf], np.float32)
-    variable = _target(model, ours)
-    shape = tuple(variable.get_value().shape)
-    if ours == "encoder.positions.table" and shape[0] != value.shape[0]:
-      if value.shape[0] - offset != source_length:
-        raise CheckpointError(f"{path}: tensor {hf!r} has {value.shape[0]} rows, but "
-                              f"config.json makes it {source_length + offset}.")
-      value = hf_format.tile_positions(value, offset, shape[0] - offset)
-      report.notes.append(f"encoder positions: {source_length} copied to {shape[0] - offset}")
-    hf_shape, transform = _TRANSFORMS[how]
-    if tuple(value.shape) != hf_shape(shape):
-      raise CheckpointError(f"{path}: tensor {hf!r} has shape {tuple(value.shape)}, but this "
-                            f"config.json makes it {hf_shape(shape)} (our {ours}: {shape}).")
-    variable.set_value(transform(value, shape).astype(variable.get_value().dtype))
-    report.mapped[hf] = ours
-  report.unused = sorted(n for n in tensors if n not in report.mapped)
+  hf_format.assign(model, path, kind, _seq2seq_entries(prefix, config), tensors, report,
+                   positions="encoder.positions.table", source_length=source_length,
+                   offset=offset, what="encoder positions",
+                   optional={"final_logits_bias": "final_logits_bias: not in the checkpoint "
+                                                  "(a base model), zeros"})
   return report
 
 
@@ -301,11 +279,10 @@ def export_seq2seq(model, path: str, architecture: str,
   from safetensors.numpy import save_file
   config = hf_seq2seq_config(model, architecture, like)
   prefix = "model." if architecture == "bart" else "led."
-  inverses = {**hf_format.INVERSES, "row": lambda w: w.reshape(1, -1)}
   tensors = {}
   for hf, ours, how in _seq2seq_entries(prefix, config):
     value = np.asarray(_target(model, ours).get_value())
-    tensors[hf] = np.ascontiguousarray(inverses[how](value), np.float32)
+    tensors[hf] = np.ascontiguousarray(hf_format.INVERSES[how](value), np.float32)
   os.makedirs(path, exist_ok=True)
   save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(path, "config.json"), "w") as f:

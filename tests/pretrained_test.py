@@ -139,6 +139,7 @@ def _edit_tensors(folder, fn):
 
 
 QUERY = "roberta.encoder.layer.1.attention.self.query.weight"
+POSITIONS = "roberta.embeddings.position_embeddings.weight"
 
 
 @pytest.mark.parametrize("break_it, says", [
@@ -153,6 +154,8 @@ QUERY = "roberta.encoder.layer.1.attention.self.query.weight"
     (lambda d: _edit_tensors(d, lambda t: t.pop(QUERY)), f"tensor {QUERY!r} is missing"),
     (lambda d: _edit_tensors(d, lambda t: t.update({QUERY: t[QUERY][:, :-1].copy()})),
      f"tensor {QUERY!r} has shape"),
+    (lambda d: _edit_tensors(d, lambda t: t.update({POSITIONS: t[POSITIONS][:-3].copy()})),
+     f"tensor {POSITIONS!r} has 63 rows, but config.json makes it 66"),
 ])
 def test_a_bad_checkpoint_folder_is_one_line_naming_what_is_wrong(tmp_path, break_it, says):
   folder = _copy(tmp_path)
