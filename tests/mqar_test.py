@@ -273,3 +273,20 @@ def test_two_steps_of_lra_run_give_finite_losses(kind, tmp_path, capsys):
   assert 0.0 <= results["test_accuracy"] <= 1.0
   losses = [json.loads(line)["loss"] for line in (work / "metrics.jsonl").read_text().splitlines()]
   assert losses and all(np.isfinite(losses))
+
+
+def test_sweep_zoology_is_every_causal_kind_at_three_widths_and_two_seeds():
+  from launch import sweep
+  points = sweep.expand("mqar", "zoology")
+  got = set()
+  for point in points:
+    config = configs.build_config("mqar", arg=point.config_arg, overrides=point.overrides)
+    got.add((config.model.attention.kind, config.model.emb_dim, config.seed))
+    assert config.model.qkv_dim == config.model.emb_dim
+    assert (config.data.max_length, config.data.num_kv_pairs) == (256, 16)
+  assert len(points) == 36 and got == {
+      (kind, width, seed) for kind in ("dot_product", "band", "sparse", "favor", "linear", "lsh")
+      for width in (32, 64, 128) for seed in (0, 1)}
+  shorter = sweep.expand("mqar", "zoology", arg="length=128")
+  assert all(configs.build_config("mqar", arg=p.config_arg).data.max_length == 128
+             for p in shorter)
