@@ -32,6 +32,13 @@ def main() -> int:
   cpu_threads()
   try:
     from launch import cli
+  except KeyboardInterrupt:
+    # Nothing has run yet, so the process ends here, without Python's exit: once, after an
+    # import cut short and this line, the process still ended by SIGINT (status -2, not 130).
+    print("error: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(130)
+  try:
     return cli.main()
   except KeyboardInterrupt:
     print("error: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
