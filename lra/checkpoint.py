@@ -137,17 +137,20 @@ def _quiet_orbax(quiet_after_failure: bool = False):
   and tensorstore prints each "Event loop is closed" error through `sys.excepthook`, from its
   own threads and possibly before the failure reaches the caller: the filter of those errors is
   installed before the block starts (`_drop_loop_closed_errors`), for the rest of the process.
-  After a failure asyncio's reports of the abandoned futures are dropped too, and with
+  asyncio's reports of abandoned futures ("Task exception was never retrieved") are dropped
+  from the start of the block, since orbax's loop may collect a failed read's task before the
+  failure reaches the caller; after a failure they stay dropped, and with
   `quiet_after_failure` (a save: its abandoned writes go on failing until the process ends)
   orbax's log records stay dropped, as do the warnings of its coroutines left unawaited."""
   _drop_loop_closed_errors()
   absl_logger = logging.getLogger("absl")
-  level = absl_logger.level
+  asyncio_logger = logging.getLogger("asyncio")
+  level, asyncio_level = absl_logger.level, asyncio_logger.level
   absl_logger.setLevel(logging.CRITICAL)
+  asyncio_logger.setLevel(logging.CRITICAL)
   try:
     yield
   except BaseException:
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     # the abandoned reads' coroutines, collected unawaited, warn as the process ends
     warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
                             category=RuntimeWarning)
@@ -155,6 +158,7 @@ def _quiet_orbax(quiet_after_failure: bool = False):
       absl_logger.setLevel(level)
     raise
   absl_logger.setLevel(level)
+  asyncio_logger.setLevel(asyncio_level)
 
 
 def _drop_loop_closed_errors() -> None:

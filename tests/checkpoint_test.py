@@ -235,3 +235,27 @@ def test_after_a_failed_restore_unawaited_coroutine_warnings_are_dropped(recwarn
     warnings.warn("coroutine 'read' was never awaited", RuntimeWarning)
     warnings.warn("something else", RuntimeWarning)
   assert [str(w.message) for w in recwarn] == ["something else"]
+
+
+def test_asyncio_reports_of_abandoned_reads_are_dropped_from_the_start_of_a_restore(caplog):
+  """orbax's loop may collect a failed read's task, and asyncio report "Task exception was never
+  retrieved", before the failure reaches the caller: CI once saw that report above the command's
+  one error line. Inside the block asyncio's errors are dropped; after a success they show again;
+  after a failure they stay dropped (the abandoned reads may still be collected)."""
+  import logging
+  asyncio_logger = logging.getLogger("asyncio")
+  level = asyncio_logger.level
+  try:
+    with caplog.at_level(logging.DEBUG):
+      asyncio_logger.setLevel(logging.NOTSET)
+      with checkpoint._quiet_orbax():
+        asyncio_logger.error("Task exception was never retrieved (inside)")
+      asyncio_logger.error("an asyncio error after a successful restore")
+      with pytest.raises(ValueError):
+        with checkpoint._quiet_orbax():
+          raise ValueError("restore failed")
+      asyncio_logger.error("Task exception was never retrieved (after the failure)")
+    messages = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert messages == ["an asyncio error after a successful restore"]
+  finally:
+    asyncio_logger.setLevel(level)
