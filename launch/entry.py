@@ -1,6 +1,7 @@
 """The `lra` console command's entry point (setup.py): `launch.cli.main`, with a Ctrl-C that
-arrives while Python imports the command, or in a command that does not handle it, ended in
-one line and exit status 130 instead of a traceback. `lra run` holds the signal itself from its
+arrives while Python imports the command, or in a command that does not handle it, and a
+SIGTERM that arrives while Python imports the command, ended in one line and exit status 130
+instead of a traceback or a silent kill. `lra run` holds the signal itself from its
 first line on (lra/signals.py `StartUp`).
 
 It also sizes XLA:CPU's thread pool when several CPU devices are asked for (`cpu_threads`)."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 
 
@@ -28,8 +30,24 @@ def cpu_threads(environ=os.environ) -> None:
     environ.setdefault("NPROC", str(4 * max(counts)))
 
 
+IMPORT_SIGTERM = ("error: interrupted by SIGTERM while the command was starting; nothing was "
+                  "done: rerun the same command.")
+
+
+def _sigterm_while_importing(signum, frame) -> None:
+  del signum, frame
+  print(IMPORT_SIGTERM, file=sys.stderr, flush=True)
+  os._exit(130)
+
+
 def main() -> int:
   cpu_threads()
+  # A SIGTERM while the command's modules load (seconds on a busy machine) ends the process in
+  # one line too; the signal's previous action is back before the command runs, and `lra run`
+  # then holds it itself (lra/signals.py StartUp). A SIGTERM ignored by the parent stays ignored.
+  previous = signal.getsignal(signal.SIGTERM)
+  if previous is not signal.SIG_IGN:
+    signal.signal(signal.SIGTERM, _sigterm_while_importing)
   try:
     from launch import cli
   except KeyboardInterrupt:
@@ -38,6 +56,8 @@ def main() -> int:
     print("error: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(130)
+  if previous is not signal.SIG_IGN:
+    signal.signal(signal.SIGTERM, previous)
   try:
     return cli.main()
   except KeyboardInterrupt:
