@@ -18,12 +18,17 @@ both ways (`models.pretrained`):
   3. imports that checkpoint with band attention at 512 positions (one-sided window 64: a
      two-sided window of 128, the source length, as Longformer-base's 512 was RoBERTa's),
      the positions copied (`pretrained.load(path, max_length=512, attention=...)`), and
-     again with the 384 new position rows drawn afresh (N(0, the trained rows' std));
-  4. evaluates the masked-LM loss of all three on the same corrupted validation windows of 512
+     again with the 384 new position rows drawn afresh (N(0, the trained rows' std), and
+     N(0, 0.02), RoBERTa's initializer_range);
+  4. evaluates the masked-LM loss of all four on the same corrupted validation windows of 512
      bytes: the short model on each window cut into four pieces of 128, the long ones on the
      whole window.
 
-  python benchmarks/longformer_recipe.py [--steps 3000] [--json FILE]   # about 10 minutes
+  python benchmarks/longformer_recipe.py [--steps 3000] [--corpus text|pairs] [--json FILE]
+  # about 10 minutes alone, 16 beside another run
+
+`--corpus pairs` trains on random symbols each written twice instead (`pairs_corpus`), where
+reading a masked symbol's neighbour is all there is to learn.
 
 Prints a table (loss in nats per masked byte, and bits per masked byte) and the ratio of each
 long model's loss to the short model's.
@@ -74,6 +79,17 @@ def corpus() -> tuple[np.ndarray, np.ndarray]:
   return ids[:cut], ids[cut:]
 
 
+def pairs_corpus(alphabet: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """(train ids, validation ids), 95/5, of random symbols (ids 1..alphabet) each written twice:
+  a masked symbol is its pair's, which sits before or after it by the parity of its position
+  (windows start at even offsets). Context is worth all there is to learn, and reading it needs
+  the positions."""
+  symbols = np.random.default_rng(seed).integers(1, alphabet + 1, n // 2).astype(np.int32)
+  ids = np.repeat(symbols, 2)
+  cut = (len(ids) * 95 // 100) // 2 * 2
+  return ids[:cut], ids[cut:]
+
+
 def masked_loss(logits, targets, chosen):
   """Mean cross-entropy (nats) over the chosen positions."""
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
@@ -103,7 +119,7 @@ def train(model, ids: np.ndarray, steps: int, batch: int, lr: float, seed: int) 
   key = jax.random.PRNGKey(seed)
   records, t0, window = [], time.time(), []
   for i in range(steps):
-    starts = rng.integers(0, len(ids) - SHORT, batch)
+    starts = rng.integers(0, (len(ids) - SHORT) // 2, batch) * 2   # even: keeps pairs aligned
     tokens = jnp.asarray(np.stack([ids[s:s + SHORT] for s in starts]))
     window.append(float(step(model, opt, tokens, jax.random.fold_in(key, i))))
     if (i + 1) % 100 == 0 or i + 1 == steps:
@@ -142,10 +158,17 @@ def main(argv=None) -> int:
                  help="the initial positions' standard deviation (the fresh rows' too)")
   p.add_argument("--position_init", choices=("normal", "sinusoid"), default="sinusoid",
                  help="the learned positions' start: N(0, position_std) or sinusoids")
+  p.add_argument("--corpus", choices=("text", "pairs"), default="text",
+                 help="the fallback corpus's bytes, or random symbols each written twice")
+  p.add_argument("--alphabet", type=int, default=16, help="--corpus pairs: how many symbols")
   p.add_argument("--json", default="", help="also write the numbers to this file")
   args = p.parse_args(argv)
-  train_ids, val_ids = corpus()
-  print(f"corpus: {len(train_ids):,} training and {len(val_ids):,} validation bytes")
+  if args.corpus == "text":
+    train_ids, val_ids = corpus()
+  else:
+    train_ids, val_ids = pairs_corpus(args.alphabet, 466_000, args.seed)
+  print(f"corpus ({args.corpus}): {len(train_ids):,} training and {len(val_ids):,} validation "
+        f"bytes")
   model = Encoder(settings(args.layers, args.width), rngs=nnx.Rngs(args.seed))
   # The learned positions start from sinusoids (or N(0, position_std)): at our default
   # N(0, 0.02) they vanish beside the N(0, 1) tokens after the embedding LayerNorm, the model
@@ -159,7 +182,7 @@ def main(argv=None) -> int:
   t0 = time.time()
   records = train(model, train_ids, args.steps, args.batch, args.lr, args.seed)
   train_seconds = time.time() - t0
-  starts = np.linspace(0, len(val_ids) - LONG, args.windows).astype(int)
+  starts = np.linspace(0, (len(val_ids) - LONG) // 2, args.windows).astype(int) * 2
   tokens = jnp.asarray(np.stack([val_ids[s:s + LONG] for s in starts]))
   inputs, shown, chosen = bert_corruption(tokens, RATE, VOCAB, jax.random.PRNGKey(12345))
   rows = {}
@@ -175,11 +198,12 @@ def main(argv=None) -> int:
   table = np.asarray(fresh.positions.table.get_value())
   std = float(np.std(table[2:2 + SHORT])) if args.position_init == "sinusoid" else \
       args.position_std
-  init = np.random.default_rng(args.seed).normal(0.0, std, table[2 + SHORT:].shape)
-  fresh.positions.table.set_value(jnp.asarray(
-      np.concatenate([table[:2 + SHORT], init.astype(np.float32)])))
-  rows[f"imported, 384 new positions fresh N(0, {std:.2g}), band w=64"] = evaluate(
-      fresh, tokens, inputs, shown, chosen, LONG)
+  for scale in (std, 0.02):   # the trained rows' spread; RoBERTa's initializer_range
+    init = np.random.default_rng(args.seed).normal(0.0, scale, table[2 + SHORT:].shape)
+    fresh.positions.table.set_value(jnp.asarray(
+        np.concatenate([table[:2 + SHORT], init.astype(np.float32)])))
+    rows[f"imported, 384 new positions fresh N(0, {scale:.2g}), band w=64"] = evaluate(
+        fresh, tokens, inputs, shown, chosen, LONG)
   base = rows["short model, 128 positions, dense, pieces of 128"]
   print(f"\n{args.steps} steps in {train_seconds:.0f} s; {int(jnp.sum(chosen))} masked bytes in "
         f"{args.windows} validation windows of {LONG}; {'; '.join(report.notes)}\n")
