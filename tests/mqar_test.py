@@ -197,6 +197,20 @@ def test_the_model_example_scores_exactly_the_answers():
     np.testing.assert_array_equal(ex["inputs"], inputs.astype(np.int32) + 1)
     np.testing.assert_array_equal(ex["targets"][answers], targets[answers].astype(np.int32) + 1)
     assert (ex["targets"][ex["mask"] == 0] == 0).all()
+    with_answers = mqar.to_example(inputs, targets, L, answers=K)
+    np.testing.assert_array_equal(with_answers["answers"], answers)
+    for key in ex:
+      np.testing.assert_array_equal(with_answers[key], ex[key])
+
+
+def test_answers_cut_off_by_the_length_are_padded_with_a_position_the_mask_leaves_out():
+  inputs, targets = draw(1, seed=4)[0]
+  cut = int(np.flatnonzero(targets)[K // 2]) + 1                        # keeps K // 2 + 1 answers
+  ex = mqar.to_example(inputs, targets, cut, answers=K)
+  kept = np.flatnonzero(targets[:cut])
+  np.testing.assert_array_equal(ex["answers"][:kept.size], kept)
+  assert kept.size == K // 2 + 1 and (ex["answers"][kept.size:] == 0).all()
+  assert ex["mask"][0] == 0
 
 
 def tiny_overrides(tmp_path):
@@ -216,7 +230,7 @@ def test_the_dataset_is_the_generators_output(tmp_path):
   for i, (inputs, targets) in enumerate(drawn):
     ex = source[i]
     assert {k: v.shape for k, v in ex.items()} == {k: v.shape[1:] for k, v in spec.items()}
-    for key, want in mqar.to_example(inputs, targets, 32).items():
+    for key, want in mqar.to_example(inputs, targets, 32, answers=4).items():
       np.testing.assert_array_equal(ex[key], want)
 
 
@@ -226,15 +240,20 @@ def test_the_objective_is_the_next_token_loss_on_the_answers():
              num_heads=2, qkv_dim=16, mlp_dim=32, num_layers=1, dropout=0.0,
              pos_emb="learned", attention={"kind": "dot_product"}, layer_attention=())
   model = task.build_model(cfg, nnx.Rngs(0))
-  rows = [mqar.to_example(x, y, L) for x, y in draw(6, seed=10)]
+  rows = [mqar.to_example(x, y, L, answers=K) for x, y in draw(6, seed=10)]
   batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
   batch["weights"] = np.array([1, 1, 1, 1, 1, 0], np.float32)
-  sums = task.objective(model, batch, None)
   logits = model(batch["inputs"])                                    # [B, L, V] in full
   want = weighted_sums(logits, batch["targets"], batch["mask"] * batch["weights"][:, None])
-  for key in ("loss_sum", "correct", "weight"):
-    np.testing.assert_allclose(float(sums[key]), float(want[key]), rtol=1e-5)
-  assert float(sums["weight"]) == 5 * K
+  without = {k: v for k, v in batch.items() if k != "answers"}      # the top-k gather
+  for given in (batch, without):
+    sums = task.objective(model, given, None)
+    for key in ("loss_sum", "correct", "weight"):
+      np.testing.assert_allclose(float(sums[key]), float(want[key]), rtol=1e-5)
+    assert float(sums["weight"]) == 5 * K
+  # answers that miss a query lose its weight: the objective reads the positions it is given
+  short = {**batch, "answers": np.where(np.arange(K) == 0, 0, batch["answers"])}
+  assert float(task.objective(model, short, None)["weight"]) == 5 * (K - 1)
 
 
 def test_configs_build_with_zoologys_settings():

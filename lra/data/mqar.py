@@ -11,7 +11,9 @@ returns a random-access source of character-LM-style examples for grain, int32 [
 - `inputs`: token t becomes id t + 1 (id 0 stays padding for the model; Zoology's noise uses
   token 0 too), so the model's vocabulary is vocab_size + 1;
 - `targets`: the paired value's id (value + 1) at every query position, 0 elsewhere;
-- `mask`: 1 exactly at the query positions (the answers scored), 0 elsewhere.
+- `mask`: 1 exactly at the query positions (the answers scored), 0 elsewhere;
+- `answers` (int32 [num_kv_pairs]): those positions in order, then 0 (a key's position, mask 0)
+  for any query the cut left out, so that the task projects onto the vocabulary there alone.
 """
 
 from __future__ import annotations
@@ -107,30 +109,41 @@ def builder_config(data_cfg: ml_collections.ConfigDict) -> MQARConfig:
 DATA = builders.TaskData.generated(NAME, MQARBuilder, builder_config, "MQAR generator")
 
 
-def to_example(inputs: np.ndarray, targets: np.ndarray, length: int) -> dict[str, np.ndarray]:
+def to_example(inputs: np.ndarray, targets: np.ndarray, length: int, answers: int = 0
+               ) -> dict[str, np.ndarray]:
   """The model's example from the generator's tokens: ids offset by one, the targets' ids at the
-  query positions, the mask of those positions; padded (or cut) to `length`."""
+  query positions, the mask of those positions; padded (or cut) to `length`. With `answers` > 0
+  also the first `answers` query positions, padded with 0 (a position the mask leaves out)."""
   x = np.zeros(length, np.int32)
   y = np.zeros(length, np.int32)
   n = min(length, inputs.size)
   x[:n] = inputs[:n].astype(np.int32) + OFFSET
   scored = targets[:n] > 0          # values are >= vocab_size // 2 >= 1
   y[:n] = np.where(scored, targets[:n].astype(np.int32) + OFFSET, 0)
-  return {"inputs": x, "targets": y, "mask": (y > 0).astype(np.int32)}
+  example = {"inputs": x, "targets": y, "mask": (y > 0).astype(np.int32)}
+  if answers:
+    where = np.flatnonzero(y)[:answers]
+    if length and y[0]:
+      raise ValueError("an MQAR example has an answer at position 0, which pads `answers`.")
+    example["answers"] = np.zeros(answers, np.int32)
+    example["answers"][:where.size] = where
+  return example
 
 
 class MQARSource:
-  """Random access to one split as `to_example` dicts."""
+  """Random access to one split as `to_example` dicts (with `answers` positions when > 0)."""
 
-  def __init__(self, source, length: int):
+  def __init__(self, source, length: int, answers: int = 0):
     self._source = source
     self.length = int(length)
+    self.answers = int(answers)
 
   def __len__(self) -> int:
     return len(self._source)
 
   def _convert(self, record) -> dict[str, np.ndarray]:
-    return to_example(np.asarray(record["inputs"]), np.asarray(record["targets"]), self.length)
+    return to_example(np.asarray(record["inputs"]), np.asarray(record["targets"]), self.length,
+                      self.answers)
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     if not 0 <= index < len(self._source):
@@ -141,11 +154,12 @@ class MQARSource:
     return [self._convert(r) for r in self._source.__getitems__([int(i) for i in indices])]
 
   def __repr__(self) -> str:
-    return f"MQARSource({self._source!r}, length={self.length})"
+    return f"MQARSource({self._source!r}, length={self.length}, answers={self.answers})"
 
 
 def get_source(data_cfg: ml_collections.ConfigDict, split: str) -> MQARSource:
   """A random-access source for `split`; builds the dataset if needed."""
   builders.check_split(NAME, split)
   builder = DATA.build(data_cfg)
-  return MQARSource(builder.as_data_source(split=split), data_cfg.max_length)
+  return MQARSource(builder.as_data_source(split=split), data_cfg.max_length,
+                    data_cfg.num_kv_pairs)

@@ -7,10 +7,11 @@ accuracy count the answer positions only (the mask: each query, whose next token
 value), so the accuracy is the fraction of answers recalled. The best checkpoint is the one with
 the highest validation accuracy.
 
-The output layer (the tied embedding) runs only at the answer positions: a row of L tokens has at
-most L // 4 of them (the generator's 4 * pairs <= length), so the objective gathers the L // 4
-positions with the largest mask (the answers first, then weight-0 positions) before the
-vocabulary projection, a quarter or less of the full logits and the same loss.
+The output layer (the tied embedding) runs only at the answer positions, the same loss as the
+full logits': the data give them (`answers`, [B, pairs]), a batch without them (a caller's own)
+gathers the L // 4 positions with the largest mask instead (a row of L tokens has at most
+L // 4 answers: the generator's 4 * pairs <= length). At the CPU size (256 tokens, 16 pairs)
+that is 16 positions of 256 rather than 64: 1.38x the steps per second, the loss unchanged.
 """
 
 from __future__ import annotations
@@ -60,12 +61,19 @@ class MQARTask(RecallTask):
 
   RESULT = ("MQAR", "answers recalled")
 
+  def batch_spec(self, data_cfg, batch_size: int, split: str = "train"):
+    spec = super().batch_spec(data_cfg, batch_size, split)
+    spec["answers"] = jax.ShapeDtypeStruct((batch_size, int(data_cfg.num_kv_pairs)), jnp.int32)
+    return spec
+
   def objective(self, model, batch: Mapping[str, jax.Array], rng) -> dict[str, jax.Array]:
     x, _ = model.encoder(batch["inputs"], rng=rng)                         # [B, L, E]
     x = x * (x.shape[-1] ** -0.5)
     mask = batch["mask"].astype(jnp.float32)                               # [B, L]
-    count = max(1, x.shape[1] // 4)
-    _, index = jax.lax.top_k(mask, count)                                  # [B, K]
+    if "answers" in batch:   # padded with a position of mask 0; clipped: random timing batches
+      index = jnp.clip(batch["answers"], 0, x.shape[1] - 1)                # [B, K]
+    else:
+      _, index = jax.lax.top_k(mask, max(1, x.shape[1] // 4))              # [B, K]
     h = jnp.take_along_axis(x, index[..., None], axis=1)                   # [B, K, E]
     logits = model.encoder.embed.attend(h).astype(jnp.float32)             # [B, K, V]
     targets = jnp.take_along_axis(batch["targets"], index, axis=1)         # [B, K]
