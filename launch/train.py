@@ -371,7 +371,7 @@ def run_preflight(config: ml_collections.ConfigDict, workdir: str, *,
 
 def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:
   """Prints what the run would be (see the module docstring); 2 when it cannot fit."""
-  from lra import preflight
+  from lra import preflight, preflight_lines
   print(f"dry run: {config.task} ({schema.run_label(config)}); nothing is written to {workdir}")
   default, changes = config_changes(config)
   n = len(changes)
@@ -389,12 +389,12 @@ def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:
     devices = list(mesh.devices.flat)
     print(f"mesh{label}: " + " x ".join(f"{k} {v}" for k, v in mesh.shape.items()) +
           f" = {len(devices)} {devices[0].platform} device{'s' * (len(devices) > 1)}")
-    print("\n".join(preflight.sharding_table(report)))
+    print("\n".join(preflight_lines.sharding_table(report)))
     print(f"attention{label}:")
-    print("\n".join(preflight.attention_lines(c, devices[0].platform)))
+    print("\n".join(preflight_lines.attention_lines(c, devices[0].platform)))
     print(f"parameters{label}: {report.param_count:,}")
     print(f"memory{label}:")
-    print("\n".join(preflight.memory_lines(report)))
+    print("\n".join(preflight_lines.memory_lines(report)))
     source = lambda p: "loaded from the cache" if p.cache_hit else "compiled"  # noqa: E731
     print(f"compile{label}: {report.compile_seconds:.2f} s, programs side by side (train step "
           f"{report.train.compile_seconds:.2f} s {source(report.train)}, eval step "
@@ -409,7 +409,7 @@ def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:
             f"estimate from the compiled step's {report.step_flops / 1e9:,.1f} GFLOP; "
             f"--dry_run=steps:N times real steps)")
     else:
-      times = sorted(preflight.time_steps(report, steps))
+      times = sorted(preflight_lines.time_steps(report, steps))
       median = times[len(times) // 2]
       total = median * int(c.num_train_steps)
       span = f"{total / 60:.1f} min" if total < 7200 else f"{total / 3600:.1f} h"
