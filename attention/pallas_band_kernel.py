@@ -25,9 +25,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from attention.dot_product import NEG_INF
+from attention.pallas_online import (call as _call, dot as _dot, finish as _finish,
+                                      probs_and_dscores as _probs_and_dscores,
+                                      softmax_step as _softmax_step, tile as _tile)
 
 # Class position of an empty global slot: after every query, so no query ever attends it.
 FAR = 1 << 30
@@ -47,12 +49,6 @@ class Tiles:
   def right(self) -> int:
     """How far to the right of a query its band reaches."""
     return 0 if self.causal else self.window
-
-
-def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
-  """2-D matmul contracting axis contract[0] of a with axis contract[1] of b, float32 out."""
-  dims = (((contract[0],), (contract[1],)), ((), ()))
-  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
 def _band_allowed(t: jax.Array, s: jax.Array, ok: jax.Array, cfg: Tiles) -> jax.Array:
@@ -83,18 +79,6 @@ def query_blocks(j: jax.Array, cfg: Tiles, num_q: int) -> tuple[jax.Array, jax.A
   return lo, hi
 
 
-def _softmax_step(carry, scores, allowed, v):
-  """One online-softmax update of (acc, running max, running sum) by a block of keys."""
-  acc, m, l = carry
-  scores = jnp.where(allowed, scores, NEG_INF)
-  m_new = jnp.maximum(m, jnp.max(scores, axis=1))
-  p = jnp.where(allowed, jnp.exp(scores - m_new[:, None]), 0.0)
-  correction = jnp.exp(m - m_new)
-  l = l * correction + jnp.sum(p, axis=1)
-  acc = acc * correction[:, None] + _dot(p.astype(v.dtype), v, (1, 0))
-  return acc, m_new, l
-
-
 def _forward_kernel(*refs, cfg: Tiles, has_global: bool):
   if has_global:
     q_ref, k_ref, v_ref, ok_ref, kg_ref, vg_ref, gpos_ref, o_ref, lse_ref = refs
@@ -120,19 +104,7 @@ def _forward_kernel(*refs, cfg: Tiles, has_global: bool):
     scores = _dot(q, kg_ref[...].astype(q.dtype), (1, 1)) * cfg.scale
     allowed = _global_allowed(t, gpos_ref[...], cfg)
     carry = _softmax_step(carry, scores, allowed, vg_ref[...].astype(v_ref.dtype))
-  acc, m, l = carry
-  has = l > 0
-  safe = jnp.where(has, l, 1.0)
-  o_ref[...] = jnp.where(has[:, None], acc / safe[:, None], 0.0).astype(o_ref.dtype)
-  lse_ref[...] = jnp.where(has, m + jnp.log(safe), NEG_INF)
-
-
-def _probs_and_dscores(q, k, v, do, lse, delta, allowed, cfg: Tiles):
-  """Recomputed probabilities p and score gradients ds = p * (do v^T - delta), [bq, bk]."""
-  scores = _dot(q, k, (1, 1)) * cfg.scale
-  p = jnp.where(allowed, jnp.exp(scores - lse[:, None]), 0.0)
-  ds = p * (_dot(do, v, (1, 1)) - delta[:, None])
-  return p, ds
+  _finish(carry, o_ref, lse_ref)
 
 
 def _dq_kernel(*refs, cfg: Tiles, has_global: bool):
@@ -237,19 +209,6 @@ class Layout:
 def _row(*shape: int) -> pl.BlockSpec:
   """The whole row n of an `[N, *shape]` array, for any program (n, ...)."""
   return pl.BlockSpec((None, *shape), lambda n, *_: (n,) + (0,) * len(shape))
-
-
-def _tile(rows: int) -> pl.BlockSpec:
-  """Tile i of an `[N, Lp]` array, for program (n, i)."""
-  return pl.BlockSpec((None, rows), lambda n, i: (n, i))
-
-
-def _call(kernel, cfg: Tiles, grid, in_specs, out_specs, out_shape, name: str, head_dim: int):
-  return pl.pallas_call(
-      kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-      interpret=cfg.interpret, name=name,
-      compiler_params=plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2),
-  )
 
 
 def _key_side(cfg: Tiles, q, k, v, kg):

@@ -34,9 +34,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from attention.dot_product import NEG_INF
+from attention.pallas_online import (call as _call, dot as _dot, finish as _finish,
+                                      probs_and_dscores as _probs_and_dscores,
+                                      softmax_step as _softmax_step, tile as _tile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +52,6 @@ class Tiles:
   interpret: bool
 
 
-def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
-  """2-D matmul contracting axis contract[0] of a with axis contract[1] of b, float32 out."""
-  dims = (((contract[0],), (contract[1],)), ((), ()))
-  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
-
-
 def _span(ptr_ref) -> tuple[jax.Array, jax.Array]:
   """The entries [lo, hi) of the lists that belong to this program's tile."""
   i = pl.program_id(1)
@@ -65,18 +61,6 @@ def _span(ptr_ref) -> tuple[jax.Array, jax.Array]:
 def _allowed(tiles_ref, tid: jax.Array, ok: jax.Array) -> jax.Array:
   """[bq, bk] bool: the table tile `tid` restricted to the valid keys `ok [bk]`."""
   return (tiles_ref[tid] != 0) & (ok[None, :] != 0)
-
-
-def _softmax_step(carry, scores, allowed, v):
-  """One online-softmax update of (acc, running max, running sum) by a tile of keys."""
-  acc, m, l = carry
-  scores = jnp.where(allowed, scores, NEG_INF)
-  m_new = jnp.maximum(m, jnp.max(scores, axis=1))
-  p = jnp.where(allowed, jnp.exp(scores - m_new[:, None]), 0.0)
-  correction = jnp.exp(m - m_new)
-  l = l * correction + jnp.sum(p, axis=1)
-  acc = acc * correction[:, None] + _dot(p.astype(v.dtype), v, (1, 0))
-  return acc, m_new, l
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tiles_ref, o_ref,
@@ -92,19 +76,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tile
 
   carry = (jnp.zeros((bq, o_ref.shape[-1]), jnp.float32),
            jnp.full((bq,), NEG_INF, jnp.float32), jnp.zeros((bq,), jnp.float32))
-  acc, m, l = lax.fori_loop(*_span(ptr_ref), body, carry)
-  has = l > 0
-  safe = jnp.where(has, l, 1.0)
-  o_ref[...] = jnp.where(has[:, None], acc / safe[:, None], 0.0).astype(o_ref.dtype)
-  lse_ref[...] = jnp.where(has, m + jnp.log(safe), NEG_INF)
-
-
-def _probs_and_dscores(q, k, v, do, lse, delta, allowed, cfg: Tiles):
-  """Recomputed probabilities p and score gradients ds = p * (do v^T - delta), [bq, bk]."""
-  scores = _dot(q, k, (1, 1)) * cfg.scale
-  p = jnp.where(allowed, jnp.exp(scores - lse[:, None]), 0.0)
-  ds = p * (_dot(do, v, (1, 1)) - delta[:, None])
-  return p, ds
+  _finish(lax.fori_loop(*_span(ptr_ref), body, carry), o_ref, lse_ref)
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tiles_ref, do_ref, lse_ref,
@@ -169,22 +141,9 @@ def _table(shape: tuple[int, ...]) -> pl.BlockSpec:
   return pl.BlockSpec(shape, lambda n, i: (0,) * len(shape))
 
 
-def _tile(rows: int) -> pl.BlockSpec:
-  """Tile i of an `[N, Lp]` array, for program (n, i)."""
-  return pl.BlockSpec((None, rows), lambda n, i: (n, i))
-
-
 def _row(length: int) -> pl.BlockSpec:
   """The whole row n of an `[N, Lp]` array."""
   return pl.BlockSpec((None, length), lambda n, i: (n, 0))
-
-
-def _call(kernel, cfg: Tiles, grid, in_specs, out_specs, out_shape, name: str, head_dim: int):
-  return pl.pallas_call(
-      kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-      interpret=cfg.interpret, name=name,
-      compiler_params=plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2),
-  )
 
 
 def _query_side(cfg: Tiles, q, k, v, ptr, idx, tiles):

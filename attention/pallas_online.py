@@ -1,0 +1,64 @@
+"""The online-softmax pieces both Triton kernels share (`attention.pallas_band_kernel`,
+`attention.pallas_block_sparse_kernel`): float32 matmuls, one softmax update by a block of keys,
+the forward's final division and log-sum-exp, the backward's recomputed probabilities, and the
+`pallas_call` with the kernels' warps and stages. `cfg` is either kernel's `Tiles` (its `scale`
+and `interpret` are read)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from attention.dot_product import NEG_INF
+
+
+def dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
+  """2-D matmul contracting axis contract[0] of a with axis contract[1] of b, float32 out."""
+  dims = (((contract[0],), (contract[1],)), ((), ()))
+  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
+def softmax_step(carry, scores, allowed, v):
+  """One online-softmax update of (acc, running max, running sum) by a block of keys."""
+  acc, m, l = carry
+  scores = jnp.where(allowed, scores, NEG_INF)
+  m_new = jnp.maximum(m, jnp.max(scores, axis=1))
+  p = jnp.where(allowed, jnp.exp(scores - m_new[:, None]), 0.0)
+  correction = jnp.exp(m - m_new)
+  l = l * correction + jnp.sum(p, axis=1)
+  acc = acc * correction[:, None] + dot(p.astype(v.dtype), v, (1, 0))
+  return acc, m_new, l
+
+
+def finish(carry, o_ref, lse_ref) -> None:
+  """Writes the output acc / sum and the log-sum-exp; a query with no allowed key gets 0 and
+  NEG_INF."""
+  acc, m, l = carry
+  has = l > 0
+  safe = jnp.where(has, l, 1.0)
+  o_ref[...] = jnp.where(has[:, None], acc / safe[:, None], 0.0).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(has, m + jnp.log(safe), NEG_INF)
+
+
+def probs_and_dscores(q, k, v, do, lse, delta, allowed, cfg):
+  """Recomputed probabilities p and score gradients ds = p * (do v^T - delta), [bq, bk]."""
+  scores = dot(q, k, (1, 1)) * cfg.scale
+  p = jnp.where(allowed, jnp.exp(scores - lse[:, None]), 0.0)
+  ds = p * (dot(do, v, (1, 1)) - delta[:, None])
+  return p, ds
+
+
+def tile(rows: int) -> pl.BlockSpec:
+  """Tile i of an `[N, Lp]` array, for program (n, i)."""
+  return pl.BlockSpec((None, rows), lambda n, i: (n, i))
+
+
+def call(kernel, cfg, grid, in_specs, out_specs, out_shape, name: str, head_dim: int):
+  return pl.pallas_call(
+      kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      interpret=cfg.interpret, name=name,
+      compiler_params=plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2),
+  )
