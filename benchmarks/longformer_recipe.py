@@ -19,10 +19,12 @@ both ways (`models.pretrained`):
      two-sided window of 128, the source length, as Longformer-base's 512 was RoBERTa's),
      the positions copied (`pretrained.load(path, max_length=512, attention=...)`), and
      again with the 384 new position rows drawn afresh (N(0, the trained rows' std), and
-     N(0, 0.02), RoBERTa's initializer_range);
-  4. evaluates the masked-LM loss of all four on the same corrupted validation windows of 512
-     bytes: the short model on each window cut into four pieces of 128, the long ones on the
-     whole window.
+     N(0, 0.02), RoBERTa's initializer_range), and with all 512 rows drawn afresh;
+  4. evaluates the masked-LM loss of all of them on the same corrupted validation windows of
+     512 bytes: the short model on each window cut into four pieces of 128, the long ones on
+     the whole window; and the short model once more with every position row replaced by the
+     rows' mean (no order: each piece read as a bag of bytes), which says how much of its loss
+     the order is worth.
 
   python benchmarks/longformer_recipe.py [--steps 3000] [--corpus text|pairs] [--json FILE]
   # about 10 minutes alone, 16 beside another run
@@ -88,6 +90,13 @@ def pairs_corpus(alphabet: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.n
   ids = np.repeat(symbols, 2)
   cut = (len(ids) * 95 // 100) // 2 * 2
   return ids[:cut], ids[cut:]
+
+
+def orderless(table: np.ndarray, offset: int = 2) -> np.ndarray:
+  """The position table with every row after the offset replaced by those rows' mean: every
+  position looks alike, so the encoder reads its input as a bag of tokens."""
+  mean = table[offset:].mean(axis=0, keepdims=True)
+  return np.concatenate([table[:offset], np.repeat(mean, table.shape[0] - offset, axis=0)])
 
 
 def masked_loss(logits, targets, chosen):
@@ -204,6 +213,21 @@ def main(argv=None) -> int:
         np.concatenate([table[:2 + SHORT], init.astype(np.float32)])))
     rows[f"imported, 384 new positions fresh N(0, {scale:.2g}), band w=64"] = evaluate(
         fresh, tokens, inputs, shown, chosen, LONG)
+  # Every row fresh, the 128 trained ones too (a new position table that nothing was copied
+  # into), with the trained rows' spread.
+  init = np.random.default_rng(args.seed).normal(0.0, std, table[2:].shape)
+  fresh.positions.table.set_value(jnp.asarray(
+      np.concatenate([table[:2], init.astype(np.float32)])))
+  rows[f"imported, all 512 positions fresh N(0, {std:.2g}), band w=64"] = evaluate(
+      fresh, tokens, inputs, shown, chosen, LONG)
+  # No order at all: every position row of the short model replaced by the rows' mean, so
+  # each piece of 128 is read as a bag of bytes. What the model gains over this is what it
+  # draws from the order, and the most a position start can take away without misleading it.
+  short_table = np.asarray(model.positions.table.get_value())
+  model.positions.table.set_value(jnp.asarray(orderless(short_table)))
+  rows["short model, no order (every position its rows' mean), pieces of 128"] = evaluate(
+      model, tokens, inputs, shown, chosen, SHORT)
+  model.positions.table.set_value(jnp.asarray(short_table))
   base = rows["short model, 128 positions, dense, pieces of 128"]
   print(f"\n{args.steps} steps in {train_seconds:.0f} s; {int(jnp.sum(chosen))} masked bytes in "
         f"{args.windows} validation windows of {LONG}; {'; '.join(report.notes)}\n")

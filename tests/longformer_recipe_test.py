@@ -1,5 +1,6 @@
 """benchmarks/longformer_recipe.py: the short model's pieces and the long models' windows score
-the same masked bytes, and the three rows are what the script says they are."""
+the same masked bytes, the rows are what the script says they are, and the no-order row's
+encoder cannot see the order."""
 
 import json
 
@@ -27,12 +28,34 @@ def test_the_pairs_corpus_writes_each_symbol_twice_at_even_offsets():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("corpus", ["text", "pairs"])
-def test_a_tiny_recipe_run_reports_four_finite_losses(corpus, tmp_path, capsys):
+def test_a_tiny_recipe_run_reports_six_finite_losses(corpus, tmp_path, capsys):
   out = tmp_path / "r.json"
   assert recipe.main(["--steps", "2", "--windows", "2", "--width", "16", "--layers", "1",
                       "--corpus", corpus, "--json", str(out)]) == 0
   loss = json.loads(out.read_text())["loss"]
-  assert len(loss) == 4 and all(np.isfinite(v) for v in loss.values())
+  assert len(loss) == 6 and all(np.isfinite(v) for v in loss.values())
   printed = capsys.readouterr().out
-  assert "positions: 128 copied to 512" in printed and printed.count("| imported") == 3
+  assert "positions: 128 copied to 512" in printed and printed.count("| imported") == 4
   assert "fresh N(0, 0.02)" in printed and f"corpus ({corpus})" in printed
+  assert "all 512 positions fresh" in printed and "no order" in printed
+
+
+def test_with_the_orderless_table_the_encoder_reads_a_bag_of_bytes():
+  from flax import nnx
+
+  from models import pretraining
+  from models.encoder import Encoder
+  model = Encoder(dict(recipe.settings(1, 16), dropout=0.0), rngs=nnx.Rngs(0))
+  table = np.random.default_rng(1).normal(0, 1, model.positions.table.shape).astype(np.float32)
+  tokens = np.random.default_rng(2).integers(1, recipe.VOCAB, (1, 24)).astype(np.int32)
+  shown = np.zeros((1, 24), bool)
+  perm = np.random.default_rng(3).permutation(24)
+
+  def logits(t):
+    return np.asarray(pretraining.masked_logits(model, t, shown))
+
+  model.positions.table.set_value(recipe.orderless(table))
+  assert np.allclose(logits(tokens)[:, perm], logits(tokens[:, perm]), atol=1e-5)
+  assert np.array_equal(recipe.orderless(table)[:2], table[:2])
+  model.positions.table.set_value(table)                   # with positions the order counts
+  assert not np.allclose(logits(tokens)[:, perm], logits(tokens[:, perm]), atol=1e-3)
