@@ -38,6 +38,7 @@ elif ROOT not in sys.path:
 
 from benchmarks import lra_speed  # noqa: E402
 from benchmarks.lra_step import IDENTITY, Point  # noqa: E402
+from lra import host_memory  # noqa: E402
 
 QUICK = dict(kinds="band,linear", length=128, batch=2, rounds=2)
 
@@ -101,6 +102,7 @@ def table(rows: list[dict], length: int, batch: int) -> str:
 
 
 def main(argv=None) -> int:
+  host_memory.keep_freed_memory()   # as every `lra` process does (LRA_MALLOC=system: glibc's own)
   args = parse_args(argv)
   problem = check(args)
   if problem:

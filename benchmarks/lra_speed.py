@@ -54,6 +54,7 @@ elif ROOT not in sys.path:
 
 from attention import kinds as kinds_lib  # noqa: E402  (pure Python, no jax)
 from benchmarks.lra_step import DENSE, IDENTITY, Point, status_kb  # noqa: E402
+from lra import host_memory  # noqa: E402  (standard library only)
 
 EXACT_FALLBACK = "flash"        # exact dense reference where dot_product runs out of memory
 RESULTS = os.path.join(HERE, "results")
@@ -108,6 +109,7 @@ def measure(spec: dict) -> dict:
 
 def child_main(spec_json: str) -> None:
   spec = json.loads(spec_json)
+  host_memory.keep_freed_memory()   # as every `lra` process does (LRA_MALLOC=system: glibc's own)
   try:
     result = measure(spec)
   except Exception as e:  # reported as a row; the run goes on

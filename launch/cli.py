@@ -38,6 +38,7 @@ from launch import sweep as sweep_launcher
 from launch import train as train_launcher
 from launch.remote import LaunchError, OneLineParser
 from launch.values import flag_spelling
+from lra import host_memory
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -84,6 +85,8 @@ def describe_kind(name: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  if (code := host_memory.command_start()) is not None:   # before JAX starts its threads
+    return code
   argv = flag_spelling(sys.argv[1:] if argv is None else argv)
   if argv and argv[0] == "launch":  # its own parser: the command after `--` is left whole
     return dispatch.main(argv[1:])

@@ -39,7 +39,7 @@ from launch.checks import (_check_names, check_config, check_phase_overrides, ch
 from launch.values import config_arg_fields, flag_spelling, flatten
 from lra import schema, signals
 from lra import phases  # pure Python: the trainer is imported by its functions only
-from lra import storage
+from lra import host_memory, storage
 from lra import tasks as tasks_lib
 
 
@@ -453,6 +453,8 @@ def failure_line(e: Exception, workdir: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  if (code := host_memory.command_start()) is not None:   # before JAX starts its threads
+    return code
   argv = sys.argv[1:] if argv is None else argv
   try:
     rest, overrides = split_overrides(flag_spelling(argv))

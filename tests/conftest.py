@@ -13,6 +13,12 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # devices each are covered by the same number.
 os.environ["NPROC"] = "32"
 
+# glibc keeps the blocks XLA:CPU frees instead of unmapping them, as in every `lra` process
+# (lra/host_memory.py); before JAX starts its threads.
+from lra import host_memory  # noqa: E402
+
+host_memory.keep_freed_memory()
+
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
