@@ -24,7 +24,10 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_default_matmul_precision", "highest")
 
+import signal  # noqa: E402
 import tempfile  # noqa: E402
+
+import pytest  # noqa: E402
 
 # Data defaults (~/lra_data) point into a throwaway folder: no test reads or writes the user's
 # data, and no test downloads anything (every `download` default is overridden by the tests that
@@ -40,3 +43,14 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow: end to end (trains models, runs the `lra` command or several processes, "
       "soaks faults); `make test-fast` skips these, CI runs them")
+
+
+@pytest.fixture(autouse=True)
+def _python_sigint_handler():
+  """Puts Python's Ctrl-C handler back after each test. A start-up that ends on its held Ctrl-C
+  leaves SIGINT ignored for the process's exit (lra/signals.py StartUp); run in-process by a
+  test, that would leave the xdist worker ignoring it, and every process the worker's later tests
+  start would inherit the ignored signal (a start-up test's Ctrl-C then did nothing)."""
+  yield
+  if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
