@@ -7,15 +7,14 @@ allows is 32 MiB; a worker thread's arena holds at most 64 MiB), so every step a
 for its memory again and page-faults every page of it in, zeroed. At MQAR's size small
 (`lra run mqar --size small`, 2 layers of width 32) the block is 185 MB, and 38% of the XLA
 threads' time went to those faults; with one arena that never maps its own blocks and a trim
-threshold of 2 GiB, the block of one step is reused by the next, and the run went from 4.75 to
-7.17 steps/s (alone on 2 cores) and from 3.36 to 4.82 each (two at a time). docs/training.md
-has the measurement and the command.
+threshold of 2 GiB, the block of one step is reused by the next: 1.34x the steps per second
+alone on 2 cores, 1.75x two at a time (docs/training.md has the measurement and the command).
 
 `keep_freed_memory` makes those three `mallopt` settings when the process will compute on the
 CPU (no accelerator plugin installed, or `JAX_PLATFORMS` naming the CPU first), unless
-`LRA_MALLOC=system`. It has to run before the first thread allocates: before JAX
-starts its backend (`command_start` in the commands' `main`, `tests/conftest.py`). Memory freed stays in the
-process: its resident size stays near its peak, which a training process reaches on its first
+`LRA_MALLOC=system`. It has to run before the first thread allocates: before JAX starts its
+backend (`command_start` in the commands' `main`, `tests/conftest.py`). Memory freed stays in
+the process: its resident size stays near its peak, which a training process reaches on its first
 step anyway. Importing this module imports nothing but the standard library.
 """
 
