@@ -1,7 +1,7 @@
 """The `lra` console command.
 
   lra run TASK [--attention NAME] [--size base|small] [--workdir DIR] [--config.x=y ...]
-  lra sweep TASK [--sweep NAME] [--arg k=v,...] --workdir DIR [--parallel K]
+  lra sweep TASK [--sweep NAME] [--arg k=v,...] [--only k=v,...] --workdir DIR [--parallel K]
             [--runner local|tpu|slurm [runner flags]] [--dry_run] [--config.x=y ...]
   lra launch tpu --tpu NAME --zone ZONE [--project P] [--create --accelerator TYPE
             --runtime VERSION] [--retries N] [--dry_run] -- run TASK [run flags]

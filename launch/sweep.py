@@ -1,6 +1,7 @@
 """`lra sweep TASK`: the runs of a config file's sweep, each in its own folder, K at a time.
 
-  lra sweep TASK [--sweep NAME] [--arg k=v,...] --workdir DIR [--parallel K] [--dry_run]
+  lra sweep TASK [--sweep NAME] [--arg k=v,...] [--only k=v,...] --workdir DIR [--parallel K]
+                 [--dry_run]
                  [--runner local | --runner tpu --tpu NAME --zone Z ... |
                   --runner slurm --nodes N --gpus_per_node G ...] [--config.x=y ...]
 
@@ -9,7 +10,10 @@ is the default, `sweep_<name>` is selected by `--sweep <name>`. Each call
 `add(config_arg="attention=band,size=small", seed=1, num_train_steps=200)` is one point: the
 `get_config` argument plus config-field overrides (dotted names through `**{"model.dropout": 0.1}`,
 or a dict per sub-config: `model={"dropout": 0.1}`). `--arg` items replace or extend every point's
-`config_arg`; `--config.x=y` overrides apply to every point, after the point's own.
+`config_arg`; `--config.x=y` overrides apply to every point, after the point's own. `--only
+width=64` keeps the points whose arguments or overrides have every item of the group (exact
+values; `seed=0` too); repeated, any group may match (`select`). Points are checked, and folders
+named, as in the whole sweep, so a column run alone is the same runs a whole sweep skips later.
 
 Before anything runs, every point's config is resolved and checked exactly as `lra run` would
 (`configs.build_config`, `lra.schema`); a bad field, a repeated point (two points with the
@@ -157,6 +161,45 @@ def expand(task: str, sweep: str | None = None, *, arg: str = "",
     points.append(Point(i, config_arg, [*own, *overrides], name,
                         len(config.get("phases") or ())))
   return points
+
+
+def _items(point: Point) -> dict[str, str]:
+  """A point's `key=value` items: its `get_config` arguments, then its overrides."""
+  items = {}
+  for part in filter(None, (p.strip() for p in point.config_arg.split(","))):
+    key, _, value = part.partition("=")
+    items[key.strip()] = value.strip()
+  items.update((k, str(v)) for k, v in point.overrides)
+  return items
+
+
+def select(points: Sequence[Point], only: Sequence[str], label: str) -> list[Point]:
+  """The points matching any `--only` group (each `KEY=VALUE[,KEY=VALUE...]`, every item of a
+  group matched exactly by a point's arguments or overrides), numbered again from 1; raises
+  ValueError (one line) for an item that is not KEY=VALUE, a key no point has, or no match."""
+  if not only:
+    return list(points)
+  keys = {k for p in points for k in _items(p)}
+  groups = []
+  for text in only:
+    group = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+      key, eq, value = item.partition("=")
+      if not eq or not key.strip():
+        raise ValueError(f"--only {text}: give KEY=VALUE items, e.g. --only width=64,seed=0.")
+      if key.strip() not in keys:
+        raise ValueError(f"--only {text}: no point of {label} has {key.strip()!r}; its keys: "
+                         f"{', '.join(sorted(keys))}.")
+      group[key.strip()] = value.strip()
+    if not group:
+      raise ValueError("--only: give KEY=VALUE items, e.g. --only width=64,seed=0.")
+    groups.append(group)
+  chosen = [p for p in points
+            if any(all(_items(p).get(k) == v for k, v in g.items()) for g in groups)]
+  if not chosen:
+    raise ValueError(f"--only {' --only '.join(only)} matches none of the {len(points)} points "
+                     f"of {label}; they are named like {points[0].name}.")
+  return [dataclasses.replace(p, index=i) for i, p in enumerate(chosen, 1)]
 
 
 def _write_record(run_dir: str, record: dict[str, Any]) -> None:
@@ -321,6 +364,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--runner", default="local", choices=("local", "tpu", "slurm"),
                       help="where the runs go: here (local, --parallel at a time), on a TPU pod "
                            "one after another (tpu), or one SLURM job each (slurm)")
+  parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE[,...]",
+                      help="run only the points whose arguments or overrides have every item, "
+                           "e.g. --only width=64 (one column of a figure) or --only "
+                           "attention=band,seed=0; repeat for more groups")
   parser.add_argument("--dry_run", action="store_true",
                       help="print one `lra run` command per point (and a remote runner's "
                            "commands) and run nothing")
@@ -337,6 +384,8 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   try:
     runner = dispatch.sweep_runner(args)
     points = expand(args.task, args.sweep, arg=args.arg, overrides=overrides)
+    points = select(points, args.only,
+                    f"sweep {args.sweep or 'default'!r} of configs/{args.task}.py")
     if runner is not None:
       return dispatch.run_sweep(args, points, *runner)
   except ValueError as e:   # remote.LaunchError too

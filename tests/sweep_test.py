@@ -216,6 +216,35 @@ def test_a_failed_run_does_not_stop_the_others_and_is_named(env, tmp_path, capsy
   assert all(r["reason"].startswith("error: ListOps TSVs ") for r in table)
 
 
+def test_only_runs_the_matching_points_under_the_whole_sweeps_names(tmp_path, capsys):
+  base = ["sweep", "listops", "--sweep", "kinds_small", "--workdir", str(tmp_path), "--dry_run"]
+  whole = cli.main(base) == 0 and capsys.readouterr().out.splitlines()
+  assert len(whole) == 4
+  for only, expected in ((["attention=band"], [whole[2], whole[3]]),
+                         (["seed=1", "attention=dot_product,seed=0"], whole[:2] + [whole[3]]),
+                         (["size=small, seed=0"], [whole[0], whole[2]])):
+    assert cli.main([*base, *(f for o in only for f in ("--only", o))]) == 0
+    assert capsys.readouterr().out.splitlines() == expected, only
+  every = sweep.expand("listops", "kinds_small")
+  points = sweep.select(every, ["attention=band"], "s")
+  assert [(p.index, p.name) for p in points] == [(1, every[2].name), (2, every[3].name)]
+  assert [p.index for p in every] == [1, 2, 3, 4]     # the whole sweep's points are not renumbered
+  for only, message in (
+      ("attention", "error: --only attention: give KEY=VALUE items, e.g. --only "
+                    "width=64,seed=0.\n"),
+      ("=band", "error: --only =band: give KEY=VALUE items, e.g. --only width=64,seed=0.\n"),
+      (",", "error: --only: give KEY=VALUE items, e.g. --only width=64,seed=0.\n"),
+      ("atention=band", "error: --only atention=band: no point of sweep 'kinds_small' of "
+                        "configs/listops.py has 'atention'; its keys: attention, num_train_steps, "
+                        "seed, size.\n"),
+      ("attention=lsh", "error: --only attention=lsh matches none of the 4 points of sweep "
+                        "'kinds_small' of configs/listops.py; they are named like "
+                        "attention=dot_product,size=small,num_train_steps=200,seed=0.\n")):
+    assert cli.main([*base, "--only", only]) == 2
+    assert capsys.readouterr() == ("", message), only
+  assert not any(tmp_path.iterdir())
+
+
 def test_repeated_points_and_unknown_fields_fail_before_anything_runs(tmp_path, capsys,
                                                                       monkeypatch):
   def twice(add):
