@@ -26,11 +26,15 @@ both ways (`models.pretrained`):
      rows' mean (no order: each piece read as a bag of bytes), which says how much of its loss
      the order is worth.
 
-  python benchmarks/longformer_recipe.py [--steps 3000] [--corpus text|pairs] [--json FILE]
+  python benchmarks/longformer_recipe.py [--steps 3000] [--corpus text|pairs|runs]
+      [--dropout 0.1] [--json FILE]
   # about 10 minutes alone, 16 beside another run
 
-`--corpus pairs` trains on random symbols each written twice instead (`pairs_corpus`), where
-reading a masked symbol's neighbour is all there is to learn.
+`--corpus pairs` trains on random symbols each written twice instead (`pairs_corpus`), and
+`--corpus runs` on random symbols in runs of 2-4 (`runs_corpus`): reading a masked symbol's
+neighbour is all there is to learn, and finding the neighbour needs the positions. With
+RoBERTa's dropout of 0.1 (on the embeddings too) this model did not learn to read a neighbour
+through its learned positions; `--dropout 0 --corpus runs` does (docs/pretrained.md).
 
 Prints a table (loss in nats per masked byte, and bits per masked byte) and the ratio of each
 long model's loss to the short model's.
@@ -64,10 +68,11 @@ VOCAB = 257                    # byte b is id b + 1; id 0 is padding and the [MA
 RATE = 0.15
 
 
-def settings(layers: int, width: int) -> dict:
+def settings(layers: int, width: int, dropout: float = 0.1) -> dict:
   """A RoBERTa-shaped encoder (what `pretrained.encoder_settings` makes of a RoBERTa config)."""
   return dict(vocab_size=VOCAB, max_length=SHORT, num_layers=layers, num_heads=4,
-              emb_dim=width, qkv_dim=width, mlp_dim=4 * width, dropout=0.1, pos_emb="learned",
+              emb_dim=width, qkv_dim=width, mlp_dim=4 * width, dropout=dropout,
+              pos_emb="learned",
               attention={"kind": "dot_product"}, attention_bias=True, norm="post",
               layer_norm_eps=1e-5, activation="gelu", embed_norm=True, type_vocab_size=1,
               position_offset=2, lm_head=False)
@@ -89,6 +94,20 @@ def pairs_corpus(alphabet: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.n
   symbols = np.random.default_rng(seed).integers(1, alphabet + 1, n // 2).astype(np.int32)
   ids = np.repeat(symbols, 2)
   cut = (len(ids) * 95 // 100) // 2 * 2
+  return ids[:cut], ids[cut:]
+
+
+def runs_corpus(alphabet: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """(train ids, validation ids), 95/5, of random symbols (ids 1..alphabet) in runs of 2 to 4
+  equal symbols, neighbouring runs different: every symbol equals at least one neighbour, and a
+  bag of them says almost nothing. Reading a masked symbol from either side needs the positions
+  (but not their parity, as `pairs_corpus` does)."""
+  rng = np.random.default_rng(seed)
+  count = n // 2 + 1
+  steps = rng.integers(1, alphabet, count)                 # never 0: runs differ from the last
+  symbols = (rng.integers(0, alphabet) + np.cumsum(steps)) % alphabet + 1
+  ids = np.repeat(symbols, rng.integers(2, 5, count))[:n].astype(np.int32)
+  cut = len(ids) * 95 // 100
   return ids[:cut], ids[cut:]
 
 
@@ -167,18 +186,27 @@ def main(argv=None) -> int:
                  help="the initial positions' standard deviation (the fresh rows' too)")
   p.add_argument("--position_init", choices=("normal", "sinusoid"), default="sinusoid",
                  help="the learned positions' start: N(0, position_std) or sinusoids")
-  p.add_argument("--corpus", choices=("text", "pairs"), default="text",
-                 help="the fallback corpus's bytes, or random symbols each written twice")
-  p.add_argument("--alphabet", type=int, default=16, help="--corpus pairs: how many symbols")
+  p.add_argument("--corpus", choices=("text", "pairs", "runs"), default="text",
+                 help="the fallback corpus's bytes, random symbols each written twice, or "
+                      "random symbols in runs of 2-4")
+  p.add_argument("--alphabet", type=int, default=16,
+                 help="--corpus pairs|runs: how many symbols")
+  p.add_argument("--dropout", type=float, default=0.1,
+                 help="dropout of the encoder (0.1: RoBERTa's)")
   p.add_argument("--json", default="", help="also write the numbers to this file")
   args = p.parse_args(argv)
+  if not 2 <= args.alphabet <= 256:
+    p.error(f"--alphabet {args.alphabet}: give 2 to 256 symbols (they are bytes).")
+  if not 0.0 <= args.dropout < 1.0:
+    p.error(f"--dropout {args.dropout}: give a rate in [0, 1).")
   if args.corpus == "text":
     train_ids, val_ids = corpus()
   else:
-    train_ids, val_ids = pairs_corpus(args.alphabet, 466_000, args.seed)
+    make = pairs_corpus if args.corpus == "pairs" else runs_corpus
+    train_ids, val_ids = make(args.alphabet, 466_000, args.seed)
   print(f"corpus ({args.corpus}): {len(train_ids):,} training and {len(val_ids):,} validation "
         f"bytes")
-  model = Encoder(settings(args.layers, args.width), rngs=nnx.Rngs(args.seed))
+  model = Encoder(settings(args.layers, args.width, args.dropout), rngs=nnx.Rngs(args.seed))
   # The learned positions start from sinusoids (or N(0, position_std)): at our default
   # N(0, 0.02) they vanish beside the N(0, 1) tokens after the embedding LayerNorm, the model
   # learns to ignore them, and copying them changes nothing (docs/pretrained.md).

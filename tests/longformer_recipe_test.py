@@ -26,8 +26,42 @@ def test_the_pairs_corpus_writes_each_symbol_twice_at_even_offsets():
   assert abs(len(train) - 19 * len(val)) <= 40
 
 
+def _runs(ids):
+  """(symbol, length) of each run of equal neighbours."""
+  edges = np.flatnonzero(np.diff(ids)) + 1
+  return [(int(r[0]), len(r)) for r in np.split(ids, edges)]
+
+
+def test_the_runs_corpus_writes_runs_of_two_to_four_that_differ_from_their_neighbours():
+  train, val = recipe.runs_corpus(16, 20_000, seed=5)
+  for ids in (train, val):
+    assert ids.min() >= 1 and ids.max() <= 16 and ids.dtype == np.int32
+    lengths = [n for _, n in _runs(ids)[1:-1]]            # the ends may be cut
+    assert set(lengths) == {2, 3, 4}
+    same = (ids[1:-1] == ids[:-2]) | (ids[1:-1] == ids[2:])
+    assert same.all()                                     # every symbol has an equal neighbour
+  counts = np.bincount(train, minlength=17)[1:]
+  assert counts.min() > 0.8 * counts.mean()               # every symbol, about equally often
+  lengths = np.array([n for _, n in _runs(train)[1:-1]])
+  assert abs(np.mean(lengths == 2) - 1 / 3) < 0.03        # the lengths uniform over 2-4
+  assert abs(len(train) - 19 * len(val)) <= 20
+  assert np.array_equal(recipe.runs_corpus(16, 20_000, seed=5)[0], train)
+
+
+@pytest.mark.parametrize("flags, word", [(["--alphabet", "1"], "--alphabet 1"),
+                                         (["--alphabet", "300"], "--alphabet 300"),
+                                         (["--dropout", "1.0"], "--dropout 1.0"),
+                                         (["--dropout", "-0.1"], "--dropout -0.1")])
+def test_bad_corpus_and_dropout_flags_are_one_line_and_exit_2(flags, word, capsys):
+  with pytest.raises(SystemExit) as e:
+    recipe.main(["--corpus", "runs"] + flags)
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert word in err[-1] and "give" in err[-1]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("corpus", ["text", "pairs"])
+@pytest.mark.parametrize("corpus", ["text", "pairs", "runs"])
 def test_a_tiny_recipe_run_reports_six_finite_losses(corpus, tmp_path, capsys):
   out = tmp_path / "r.json"
   assert recipe.main(["--steps", "2", "--windows", "2", "--width", "16", "--layers", "1",
