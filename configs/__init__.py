@@ -57,6 +57,15 @@ def build_config(task: str, *, attention: str | None = None, size: str | None = 
                  ) -> ml_collections.ConfigDict:
   """The task's config for `arg` (+ attention/size), with `--config.x=y` overrides applied."""
   parts = [p for p in (arg or "").split(",") if p]
+  # `--config.model.attention.kind=K` chooses the kind as `--attention K` does: the task's
+  # arguments for K (a band's window, LSH's buckets, ...), then every override on top. Setting
+  # the field alone would keep the old kind's arguments and lack the new kind's.
+  kind = [text for dotted, text in overrides if dotted == "model.attention.kind"]
+  if kind:
+    attention = str(common.convert(kind[-1], ""))
+    if attention not in common.kinds.KINDS and attention not in common.kinds.aliases():
+      raise ValueError(f"config.model.attention.kind = {attention!r}: unknown attention kind; "
+                       f"valid: {', '.join(common.kinds.names())}.")
   if attention:
     parts.append(f"attention={attention}")
   if size:
@@ -64,7 +73,8 @@ def build_config(task: str, *, attention: str | None = None, size: str | None = 
   module = config_module(task)
   config = module.get_config(",".join(parts))
   for dotted, text in overrides:
-    apply_override(config, dotted, text)
+    if not (kind and dotted == "model.attention.kind"):   # set above, a paper's name resolved
+      apply_override(config, dotted, text)
   if hasattr(module, "check"):   # a task's own relations between fields (one-line ValueError)
     module.check(config)
   return common.apply_protocol(config)   # protocol=spt: pretraining and fine-tuning phases

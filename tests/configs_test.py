@@ -112,3 +112,27 @@ def test_sweep_adds_every_kind_but_exact_copies():
 def test_docstring_gives_the_command_and_expected_result():
   doc = listops.__doc__
   assert "lra run listops" in doc and "accuracy" in doc
+
+
+def test_an_attention_kind_override_takes_the_kinds_arguments_as_attention_does():
+  """`--config.model.attention.kind=K` is `--attention K`: the task's arguments for K, then the
+  other overrides, in whatever order they were given; a paper's name resolves; an unknown name
+  is one line naming the field."""
+  by_flag = configs.build_config("text", size="small", attention="band")
+  by_field = configs.build_config("text", size="small",
+                                  overrides=[("model.attention.kind", "band")])
+  assert dict(by_field.model.attention) == dict(by_flag.model.attention)
+  assert by_field.config_arg == by_flag.config_arg
+  for order in ([("model.attention.window", "8"), ("model.attention.kind", "band")],
+                [("model.attention.kind", "band"), ("model.attention.window", "8")]):
+    c = configs.build_config("text", size="small", overrides=order)
+    assert dict(c.model.attention) == {"kind": "band", "window": 8}
+  back = configs.build_config("listops", size="small", attention="band",
+                              overrides=[("model.attention.kind", "dot_product")])
+  assert dict(back.model.attention) == {"kind": "dot_product"}     # no band window left over
+  favor = configs.build_config("text", size="small",
+                               overrides=[("model.attention.kind", "performer")])
+  assert favor.model.attention.kind == "favor" and "num_features" in favor.model.attention
+  with pytest.raises(ValueError, match=r"^config.model.attention.kind = 'flashy': unknown "
+                                       r"attention kind; valid: .*band"):
+    configs.build_config("text", overrides=[("model.attention.kind", "flashy")])

@@ -191,3 +191,41 @@ def test_configs_base_is_lra_and_small_is_smaller():
 
 def test_task_interface():
   task_helpers.check_task(text_task, ClassificationTask, num_classes=2, vocab_size=257)
+
+
+def test_lra_run_text_starts_from_a_roberta_checkpoint_with_band_attention(built, tmp_path,
+                                                                             capsys):
+  """The fine-tuning command of docs/pretrained.md, `lra run text --config.init_from_hf=PATH
+  --config.model.attention.kind=band`, through the CLI: a byte-level RoBERTa checkpoint (257
+  ids, 32 positions, written by our export) becomes the Text model's encoder, its positions
+  copied over the run's 64, and the run trains with band attention."""
+  import json
+
+  from flax import nnx
+
+  from launch import cli
+  from models import pretrained
+  from models.encoder import Encoder
+  source = Encoder(dict(vocab_size=257, max_length=32, num_layers=1, num_heads=2, emb_dim=16,
+                        qkv_dim=16, mlp_dim=32, dropout=0.0, pos_emb="learned",
+                        attention={"kind": "dot_product"}, attention_bias=True, norm="post",
+                        layer_norm_eps=1e-5, activation="gelu", embed_norm=True,
+                        type_vocab_size=1, position_offset=2), rngs=nnx.Rngs(0))
+  checkpoint = tmp_path / "roberta"
+  pretrained.export(source, str(checkpoint), "roberta")
+  root, workdir = built[0], tmp_path / "run"
+  assert cli.main(["run", "text", "--size", "small", "--workdir", str(workdir), "--no_preflight",
+                   f"--config.init_from_hf={checkpoint}", "--config.model.attention.kind=band",
+                   f"--config.data.data_dir={root / 'data'}",
+                   f"--config.data.manual_dir={root / 'manual'}", "--config.data.download=false",
+                   f"--config.data.max_length={MAX_LENGTH}", "--config.batch_size=8",
+                   "--config.eval_batch_size=8", "--config.num_train_steps=2",
+                   "--config.warmup_steps=1", "--config.eval_every=100",
+                   "--config.checkpoint_every=100", "--config.progress=false"]) == 0
+  out = capsys.readouterr().out
+  assert f"Initialised the encoder from the roberta checkpoint {checkpoint}" in out
+  assert f"positions: 32 copied to {MAX_LENGTH}" in out
+  config = json.loads((workdir / "config.json").read_text())
+  assert config["model"]["attention"]["kind"] == "band"
+  results = json.loads((workdir / "results.json").read_text())
+  assert np.isfinite(results["test_loss"]) and results["test_examples"] == 4
