@@ -27,7 +27,7 @@ both ways (`models.pretrained`):
      the order is worth.
 
   python benchmarks/longformer_recipe.py [--steps 3000] [--corpus text|pairs|runs]
-      [--dropout 0.1] [--json FILE]
+      [--dropout 0.1] [--json FILE] [--export DIR]
   # about 10 minutes alone, 16 beside another run
 
 `--corpus pairs` trains on random symbols each written twice instead (`pairs_corpus`), and
@@ -194,7 +194,13 @@ def main(argv=None) -> int:
   p.add_argument("--dropout", type=float, default=0.1,
                  help="dropout of the encoder (0.1: RoBERTa's)")
   p.add_argument("--json", default="", help="also write the numbers to this file")
+  p.add_argument("--export", default="",
+                 help="also keep the short model as a RoBERTa checkpoint in this new folder "
+                      "(for `--config.init_from_hf`)")
   args = p.parse_args(argv)
+  if args.export and os.path.exists(args.export) and (not os.path.isdir(args.export)
+                                                      or os.listdir(args.export)):
+    p.error(f"--export {args.export}: exists and is not an empty folder; give a new folder.")
   if not 2 <= args.alphabet <= 256:
     p.error(f"--alphabet {args.alphabet}: give 2 to 256 symbols (they are bytes).")
   if not 0.0 <= args.dropout < 1.0:
@@ -225,6 +231,9 @@ def main(argv=None) -> int:
   rows = {}
   rows["short model, 128 positions, dense, pieces of 128"] = evaluate(
       model, tokens, inputs, shown, chosen, SHORT)
+  if args.export:
+    pretrained.export(model, args.export, "roberta")
+    print(f"The short model is a RoBERTa checkpoint in {args.export}.")
   with tempfile.TemporaryDirectory() as folder:
     pretrained.export(model, folder, "roberta")
     band = {"kind": "band", "window": SHORT // 2}

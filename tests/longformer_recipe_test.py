@@ -60,14 +60,29 @@ def test_bad_corpus_and_dropout_flags_are_one_line_and_exit_2(flags, word, capsy
   assert word in err[-1] and "give" in err[-1]
 
 
+def test_an_export_folder_that_holds_files_is_refused_before_training(tmp_path, capsys):
+  (tmp_path / "keep.txt").write_text("x")
+  with pytest.raises(SystemExit) as e:
+    recipe.main(["--export", str(tmp_path)])
+  assert (tmp_path / "keep.txt").read_text() == "x"
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert f"--export {tmp_path}: exists and is not an empty folder" in err[-1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("corpus", ["text", "pairs", "runs"])
 def test_a_tiny_recipe_run_reports_six_finite_losses(corpus, tmp_path, capsys):
   out = tmp_path / "r.json"
+  export = ["--export", str(tmp_path / "roberta")] if corpus == "runs" else []
   assert recipe.main(["--steps", "2", "--windows", "2", "--width", "16", "--layers", "1",
-                      "--corpus", corpus, "--json", str(out)]) == 0
+                      "--corpus", corpus, "--json", str(out)] + export) == 0
   loss = json.loads(out.read_text())["loss"]
   assert len(loss) == 6 and all(np.isfinite(v) for v in loss.values())
+  if corpus == "runs":   # the kept checkpoint loads, and is the short model
+    from models import pretrained
+    kept, _ = pretrained.load(str(tmp_path / "roberta"))
+    assert kept.positions.table.shape[0] == recipe.SHORT + 2
   printed = capsys.readouterr().out
   assert "positions: 128 copied to 512" in printed and printed.count("| imported") == 4
   assert "fresh N(0, 0.02)" in printed and f"corpus ({corpus})" in printed
