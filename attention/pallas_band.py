@@ -57,8 +57,7 @@ MIN_TILE = 16
 DEFAULT_BLOCK = 64
 
 
-def _pow2(x: int) -> int:
-  return 1 << max(0, int(x) - 1).bit_length()
+_pow2 = validation.pow2_at_least
 
 
 def _to_classes(x: jax.Array, dilation: int, padded: int, width: int) -> jax.Array:
@@ -155,17 +154,6 @@ def _pallas_band(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array |
   return out.astype(q.dtype)
 
 
-def _block(name: str, value) -> int | None:
-  if value is None:
-    return None
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < MIN_TILE \
-      or value & (value - 1):
-    raise ValueError(
-        f"{name} must be a power of two >= {MIN_TILE} (a Triton tile side) or None, "
-        f"got {value!r}.")
-  return int(value)
-
-
 def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
                    dilation: int | Sequence[int] = 1, causal: bool = False,
                    global_mask: jax.Array | None = None, key_mask: jax.Array | None = None,
@@ -208,8 +196,8 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
       raise ValueError(f"block_size must be a positive int or None, got {block_size!r}.")
     block_size = max(MIN_TILE, _pow2(block_size))
   default = DEFAULT_BLOCK if block_size is None else block_size
-  block_q = _block("block_q", block_q) or default
-  block_k = _block("block_k", block_k) or default
+  block_q = validation.tile_side("block_q", block_q, MIN_TILE) or default
+  block_k = validation.tile_side("block_k", block_k, MIN_TILE) or default
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
   num_global = validation.global_slots(global_mask, max_global)

@@ -56,19 +56,11 @@ MIN_TILE = 16
 DEFAULT_BLOCK = 64
 
 
-def _pow2(x: int) -> int:
-  return 1 << max(0, int(x) - 1).bit_length()
+_pow2 = validation.pow2_at_least
 
 
-def _block(name: str, value) -> int:
-  if value is None:
-    return DEFAULT_BLOCK
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < MIN_TILE \
-      or value & (value - 1):
-    raise ValueError(
-        f"{name} must be a power of two >= {MIN_TILE} (a Triton tile side) or None, "
-        f"got {value!r}.")
-  return int(value)
+def _side(name: str, value) -> int:
+  return validation.tile_side(name, value, MIN_TILE) or DEFAULT_BLOCK
 
 
 class Lists(NamedTuple):
@@ -164,8 +156,8 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None
 def _run(q, k, v, key_mask, patterns, interpret, block_q, block_k) -> jax.Array:
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
-  return _attend(q, k, v, key_mask, patterns=tuple(patterns), block_q=_block("block_q", block_q),
-                 block_k=_block("block_k", block_k), interpret=bool(interpret))
+  return _attend(q, k, v, key_mask, patterns=tuple(patterns), block_q=_side("block_q", block_q),
+                 block_k=_side("block_k", block_k), interpret=bool(interpret))
 
 
 # --- The kinds. ---

@@ -58,6 +58,23 @@ def positive_int(name: str, value) -> int:
   return int(value)
 
 
+def tile_side(name: str, value, min_tile: int) -> int | None:
+  """`value` as an int when it is a power of two >= `min_tile` (a kernel's tile side), None when
+  None; else ValueError naming `name`."""
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < min_tile \
+      or value & (value - 1):
+    raise ValueError(f"{name} must be a power of two >= {min_tile} (a Triton tile side) or None, "
+                     f"got {value!r}.")
+  return int(value)
+
+
+def pow2_at_least(x: int) -> int:
+  """The smallest power of two >= x (1 for x <= 1)."""
+  return 1 << max(0, int(x) - 1).bit_length()
+
+
 def check_self_qkv(q: jax.Array, k: jax.Array, v: jax.Array,
                    key_mask: ArrayLike | None) -> tuple[int, int, int]:
   """Checks self-attention inputs (q, k and v of one length) and their key mask; returns
