@@ -10,6 +10,7 @@ no torch is needed and nothing is downloaded.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 from typing import Any, Callable
@@ -81,6 +82,43 @@ def read(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     except Exception as e:  # safetensors raises its own error types for damaged files
       raise CheckpointError(f"{file}: not a readable safetensors file ({e}).") from None
   return config, tensors
+
+
+def write(path: str, config: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
+  """Writes a checkpoint folder `path` (`model.safetensors`, `config.json`) all at once: both
+  files go into a new folder beside it (`.NAME.partial-*`), which is then renamed to `path`, so
+  a process killed at any moment leaves `path` as it was (absent, or an empty folder) and never
+  half a checkpoint; the partial folder it may leave is not read and can be deleted. `path`
+  must not exist or be an empty folder (an export never mixes with other files)."""
+  from safetensors.numpy import save_file
+  path = os.path.abspath(path)
+  if os.path.lexists(path) and not (os.path.isdir(path) and not os.path.islink(path)
+                                    and not os.listdir(path)):
+    raise CheckpointError(f"{path}: exists and is not an empty folder; export into a new or "
+                          f"empty folder.")
+  parent, name = os.path.split(path)
+  os.makedirs(parent, exist_ok=True)
+  partial = os.path.join(parent, f".{name}.partial-{os.getpid()}-{os.urandom(4).hex()}")
+  os.mkdir(partial)
+  try:
+    save_file(tensors, os.path.join(partial, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(partial, "config.json"), "w") as f:
+      json.dump(config, f, indent=2, sort_keys=True)
+      f.flush()
+      os.fsync(f.fileno())
+    with open(os.path.join(partial, "model.safetensors"), "rb") as f:
+      os.fsync(f.fileno())
+    try:
+      os.replace(partial, path)   # replaces an empty folder in one step (rename(2))
+    except OSError as e:
+      if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+        raise
+      raise CheckpointError(f"{path}: another process wrote it meanwhile; its files are kept, "
+                            f"export into a new or empty folder.") from None
+  except BaseException:
+    import shutil
+    shutil.rmtree(partial, ignore_errors=True)
+    raise
 
 
 def field(config: dict[str, Any], name: str, path: str, default: Any = None) -> Any:
@@ -162,4 +200,4 @@ def assign(model, path: str, kind: str, entries, tensors: dict[str, np.ndarray],
   report.unused = sorted(n for n in tensors if n not in report.mapped)
 
 __all__ = ["ACTIVATIONS", "CheckpointError", "INVERSES", "Report", "TRANSFORMS", "assign", "field",
-           "read", "read_json", "target", "tile_positions"]
+           "read", "read_json", "target", "tile_positions", "write"]

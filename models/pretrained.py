@@ -308,7 +308,8 @@ def hf_config(model, architecture: str, like: dict[str, Any] | None = None) -> d
 
 def export(model, path: str, architecture: str, like: dict[str, Any] | None = None) -> None:
   """Writes our encoder `model` to the folder `path` as a Hugging Face checkpoint
-  (`config.json`, `model.safetensors`) that `transformers` loads: `architecture` is bert,
+  (`config.json`, `model.safetensors`; a new or empty folder, written all at once by
+  `hf_format.write`) that `transformers` loads: `architecture` is bert,
   roberta or longformer; `like` a config to start from (the imported one: import then export
   gives back every tensor and field). The tied output embedding is not written, as
   `save_pretrained` does not write it. `architecture` bart or led writes our encoder-decoder
@@ -316,7 +317,6 @@ def export(model, path: str, architecture: str, like: dict[str, Any] | None = No
   if architecture in SEQ2SEQ or hasattr(model, "decoder_positions"):   # our LED
     from models.pretrained_seq2seq import export_seq2seq
     return export_seq2seq(model, path, architecture, like)
-  from safetensors.numpy import save_file
   config = hf_config(model, architecture, like)
   s = model.settings
   head = "roberta" if architecture != "bert" else "bert"
@@ -325,10 +325,7 @@ def export(model, path: str, architecture: str, like: dict[str, Any] | None = No
   for hf, ours, how in _encoder_entries(prefix, config, lm=head if s.lm_head else None):
     tensors[hf] = np.ascontiguousarray(INVERSES[how](np.asarray(_target(model, ours).get_value())),
                                        np.float32)
-  os.makedirs(path, exist_ok=True)
-  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config, f, indent=2, sort_keys=True)
+  hf_format.write(path, config, tensors)
 
 
 # The settings a checkpoint fixes when it initialises a task model (`config.init_from_hf`): its

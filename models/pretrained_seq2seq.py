@@ -272,21 +272,18 @@ def hf_seq2seq_config(model, architecture: str, like: dict[str, Any] | None = No
 def export_seq2seq(model, path: str, architecture: str,
                    like: dict[str, Any] | None = None) -> None:
   """Writes our `LED` `model` to the folder `path` as a Hugging Face `architecture` (bart, led)
-  `...ForConditionalGeneration` checkpoint (`config.json`, `model.safetensors`); `like` a config
+  `...ForConditionalGeneration` checkpoint (`config.json`, `model.safetensors`; a new or empty
+  folder, written all at once by `hf_format.write`); `like` a config
   to start from (the imported one: import then export gives back every tensor and field). The
   tied copies of `shared.weight` (both embed_tokens and lm_head.weight) are not written, as
   `save_pretrained` does not write them."""
-  from safetensors.numpy import save_file
   config = hf_seq2seq_config(model, architecture, like)
   prefix = "model." if architecture == "bart" else "led."
   tensors = {}
   for hf, ours, how in _seq2seq_entries(prefix, config):
     value = np.asarray(_target(model, ours).get_value())
     tensors[hf] = np.ascontiguousarray(hf_format.INVERSES[how](value), np.float32)
-  os.makedirs(path, exist_ok=True)
-  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config, f, indent=2, sort_keys=True)
+  hf_format.write(path, config, tensors)
 
 
 def generation(config: dict[str, Any]) -> dict[str, Any]:
