@@ -1,8 +1,8 @@
 """The training progress on stderr: step of total, loss, steps/s and ETA.
 
 `Progress(total_steps, start_step)` starts at the resumed step, so the rate and ETA count only
-this run's steps; `update(step, loss)` moves it to `step`; `close()` draws the final state and
-ends it. On a terminal it is a tqdm bar redrawn in place (at most every `interval` seconds, as
+this run's steps; `update(step, loss)` moves it to `step`; `close()` draws the final state (unless the
+last line showed it) and ends it. On a terminal it is a tqdm bar redrawn in place (at most every `interval` seconds, as
 tqdm's `mininterval`). Into a pipe or a file (a log, `lra run ... | tee`, a batch job), where
 redraws would arrive as carriage returns on one ever-growing line, it writes plain lines
 instead, one at most every `line_interval` seconds (and when forced, and at the end):
@@ -46,6 +46,7 @@ class Progress:
     self.line_interval = line_interval
     self.step, self.loss = start_step, None
     self.t0 = self.written = time.monotonic()
+    self.written_state = None   # (step, loss) of the last plain line
     self.closed = False
 
   def update(self, step: int, loss: float | None = None, force: bool = False) -> None:
@@ -83,6 +84,7 @@ class Progress:
     self.stream.write(self.line() + "\n")
     self.stream.flush()
     self.written = time.monotonic()
+    self.written_state = (self.step, self.loss)
 
   def close(self) -> None:
     """Draws the final state and ends the line (calling it again does nothing)."""
@@ -91,5 +93,5 @@ class Progress:
     self.closed = True
     if self.bar is not None:
       self.bar.close()
-    elif self.step > self.start_step:
-      self._line()
+    elif self.step > self.start_step and self.written_state != (self.step, self.loss):
+      self._line()   # unless the last update's line already showed this state

@@ -62,6 +62,29 @@ def test_into_a_pipe_it_writes_plain_lines_at_most_every_line_interval(monkeypat
   assert lines[-1].endswith("took 3m 45s")
 
 
+def test_the_last_step_is_written_once_when_its_update_already_wrote_it(monkeypatch):
+  """The update of the last step can fall due for a line; closing then repeats nothing."""
+  clock = [0.0]
+  monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+  stream = Piped()
+  bar = progress.Progress(300, stream=stream, line_interval=30.0)
+  for step in range(1, 301):
+    clock[0] += 0.1                            # a line every 300 steps: at step 300 exactly
+    bar.update(step, 5.5)
+  bar.close()
+  assert stream.getvalue() == "train: step 300/300 (100%), loss 5.5000, 10.00 steps/s, took 30s\n"
+  clock[0] = 0.0
+  stream = Piped()                             # a new loss after the line: written at close
+  bar = progress.Progress(300, stream=stream, line_interval=30.0)
+  for step in range(1, 301):
+    clock[0] += 0.1
+    bar.update(step, 5.5)
+  bar.update(300, 5.25)
+  bar.close()
+  assert [l.split(", ")[1] for l in stream.getvalue().splitlines()] == ["loss 5.5000",
+                                                                         "loss 5.2500"]
+
+
 def test_a_terminal_gets_the_bar_and_a_forced_update_a_line_in_a_pipe():
   assert progress.Progress(10, stream=Terminal()).bar is not None
   stream = Piped()
