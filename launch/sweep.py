@@ -23,8 +23,9 @@ where `<name>` is its arguments and overrides, seed last (`attention=band,size=s
 
 A run whose `results.json` exists (for a staged config, its last phase's) is skipped; any other
 is started, and the trainer resumes it from its last checkpoint. Up to `--parallel` runs go at
-once, one process each, its output appended to `DIR/<name>/log.txt`; `DIR/<name>/sweep.json`
-records the command and each attempt's exit status, time and last line. A failed run does not
+once, one process each (on the CPU: each on its own share of the sweep's CPUs, lra/cpus.py;
+`--no_pin` lets each use all of them), its output appended to `DIR/<name>/log.txt`;
+`DIR/<name>/sweep.json` records the command and each attempt's exit status, time and last line. A failed run does not
 stop the others; the summary names each failure with the last line of its log. SIGTERM or Ctrl-C
 stops the sweep: the runs save a checkpoint and the same command continues later.
 
@@ -64,7 +65,8 @@ from launch import dispatch, remote, run_state, slurm, tpu
 from launch import train as train_launcher
 from launch.run_state import LOG, RECORD
 from launch.values import flatten, value_text
-from lra import signals, storage
+from lra import cpus as cpus_lib
+from lra import host_memory, signals, storage
 from lra import tasks as tasks_lib
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._,=+-]")
@@ -238,7 +240,9 @@ def _new_record(point: Point, task: str, workdir: str, attempts: list[dict[str, 
           "attempts": attempts}
 
 
-def _start(point: Point, task: str, workdir: str, total: int) -> tuple[subprocess.Popen, float]:
+def _start(point: Point, task: str, workdir: str, total: int,
+           cpus: tuple[int, ...] | None = None) -> tuple[subprocess.Popen, float]:
+  """Starts one run, on the CPUs `cpus` (`lra.cpus`) when given, otherwise on the sweep's."""
   run_dir = storage.join(workdir, point.name)
   argv = point.argv(task, workdir)
   record = run_state.read_record(run_dir)
@@ -248,16 +252,21 @@ def _start(point: Point, task: str, workdir: str, total: int) -> tuple[subproces
   _note(run_dir, f"starting: lra {shlex.join(argv)}")
   spool = spool_path(run_dir)
   log = open(spool, "a" if spool == storage.join(run_dir, LOG) else "w")   # noqa: SIM115
+  env = None if cpus is None else {**os.environ, cpus_lib.ENV: cpus_lib.format_cpus(cpus)}
   child = subprocess.Popen([sys.executable, "-m", "launch.cli", *argv], stdout=log,
-                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
   log.close()
   attempts = record.get("attempts", [])
-  attempts.append({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(),
-                   "pid": child.pid})
+  attempt = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(),
+             "pid": child.pid}
+  if cpus is not None:
+    attempt["cpus"] = list(cpus)
+  attempts.append(attempt)
   _write_record(run_dir, _new_record(point, task, workdir, attempts))
   where = storage.join(run_dir, LOG)
   where = where if spool == where else f"{spool}, then appended to {where}"
-  print(f"[{point.index}/{total}] {point.name}: started (log {where})", flush=True)
+  on = "" if cpus is None else f" on CPU{'s' * (len(cpus) > 1)} {cpus_lib.format_cpus(cpus)}"
+  print(f"[{point.index}/{total}] {point.name}: started{on} (log {where})", flush=True)
   return child, time.time()
 
 
@@ -276,10 +285,24 @@ def _finish(point: Point, workdir: str, rc: int, seconds: float) -> str:
   return line
 
 
-def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int) -> int:
-  """Runs the unfinished points, `parallel` at a time; prints progress and the summary.
-  Returns 0 when every run finished, 130 when interrupted, 1 when some failed."""
+def cpu_slots(parallel: int, pin: bool) -> list[tuple[int, ...]] | None:
+  """The CPUs of each of `parallel` runs at once (`lra.cpus.slots` over the sweep's own CPUs),
+  or None: one run at a time, `--no_pin`, runs that compute on an accelerator (whose input
+  pipelines use the host's cores; `host_memory.cpu_backend`), or a system that cannot restrict
+  a process."""
+  cpus = cpus_lib.available()
+  if not pin or parallel < 2 or cpus is None or not host_memory.cpu_backend():
+    return None
+  return cpus_lib.slots(parallel, cpus)
+
+
+def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int,
+               pin: bool = True) -> int:
+  """Runs the unfinished points, `parallel` at a time, each on its own CPUs unless `pin` is
+  false (`cpu_slots`); prints progress and the summary. Returns 0 when every run finished, 130
+  when interrupted, 1 when some failed."""
   total = len(points)
+  slots = cpu_slots(parallel, pin)
   todo, skipped, busy = [], [], []
   for p in points:
     run_dir = storage.join(workdir, p.name)
@@ -301,10 +324,12 @@ def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int) 
         _write_record(run_dir, _new_record(p, task, workdir, []))
   runs = f"{total} run{'' if total == 1 else 's'}"
   print(f"Sweep of {task}: {runs} in {workdir}: {len(skipped)} finished earlier "
-        f"(skipped), {len(busy)} running elsewhere, {len(todo)} to run, {parallel} at a time.",
-        flush=True)
+        f"(skipped), {len(busy)} running elsewhere, {len(todo)} to run, {parallel} at a time"
+        + ("." if slots is None else ", each on its own CPUs ("
+           + "; ".join(cpus_lib.format_cpus(s) for s in slots) + ")."), flush=True)
   done, failed, stopped = [], [], []
   running: dict[subprocess.Popen, tuple[Point, float]] = {}
+  holds: dict[subprocess.Popen, int] = {}   # a running run's slot
   # The first SIGINT/SIGTERM stops starting runs and sends SIGTERM to the running ones (they
   # save a checkpoint); a second Ctrl-C passes SIGINT on (they stop without saving).
   with signals.StopRequest(
@@ -314,13 +339,18 @@ def run_points(points: Sequence[Point], task: str, workdir: str, parallel: int) 
     pending = list(todo)
     while pending or running:
       while pending and len(running) < parallel and not stop.requested:
-        child, t0 = _start(p := pending.pop(0), task, workdir, total)
+        slot = None if slots is None else min(set(range(parallel)) - set(holds.values()))
+        child, t0 = _start(p := pending.pop(0), task, workdir, total,
+                           None if slot is None else slots[slot])
         running[child] = (p, t0)
+        if slot is not None:
+          holds[child] = slot
       if stop.requested:
         stopped += pending
         pending = []
       for child in [c for c in running if c.poll() is not None]:
         p, t0 = running.pop(child)
+        holds.pop(child, None)
         rc = child.returncode
         seconds = time.time() - t0
         line = _finish(p, workdir, rc, seconds)
@@ -360,7 +390,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "size=small")
   parser.add_argument("--workdir", required=True,
                       help="the sweep's folder: one sub-folder per run, named after its point")
-  parser.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
+  parser.add_argument("--parallel", type=int, default=1,
+                      help="runs at once (default 1), each on its own share of the CPUs")
+  parser.add_argument("--no_pin", action="store_true",
+                      help="let every run of --parallel use every CPU (by default each has its "
+                           "own: XLA:CPU's threads of runs side by side then do not share cores)")
   parser.add_argument("--runner", default="local", choices=("local", "tpu", "slurm"),
                       help="where the runs go: here (local, --parallel at a time), on a TPU pod "
                            "one after another (tpu), or one SLURM job each (slurm)")
@@ -405,4 +439,4 @@ def run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]]) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  return run_points(points, args.task, args.workdir, args.parallel)
+  return run_points(points, args.task, args.workdir, args.parallel, pin=not args.no_pin)

@@ -15,7 +15,7 @@ CPU (no accelerator plugin installed, or `JAX_PLATFORMS` naming the CPU first), 
 `LRA_MALLOC=system`. It has to run before the first thread allocates: before JAX starts its
 backend (`command_start` in the commands' `main`, `tests/conftest.py`). Memory freed stays in
 the process: its resident size stays near its peak, which a training process reaches on its first
-step anyway. Importing this module imports nothing but the standard library.
+step anyway. Importing this module imports nothing but the standard library and lra.cpus.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+
+from lra import cpus
 
 ENV = "LRA_MALLOC"        # "keep" (the default) or "system": leave glibc's defaults
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8   # glibc's malloc.h
@@ -78,11 +80,15 @@ def keep_freed_memory(environ=os.environ, libc=None) -> str:
 
 
 def command_start() -> int | None:
-  """`keep_freed_memory` at the start of a command (`lra`, `python -m launch.cli`, `python -m
-  launch.train`): None, or 2 after the one line that refuses a bad LRA_MALLOC."""
+  """`keep_freed_memory` and `lra.cpus.restrict` (the CPUs `lra sweep --parallel` gives a run)
+  at the start of a command (`lra`, `python -m launch.cli`, `python -m launch.train`): None, or
+  2 after the one line that refuses a bad LRA_MALLOC or LRA_CPUS."""
   try:
     keep_freed_memory()
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
+    return 2
+  if (error := cpus.restrict()) is not None:
+    print(error, file=sys.stderr)
     return 2
   return None

@@ -93,6 +93,14 @@ def test_a_sweep_of_four_points_two_at_a_time_completes(swept):
   print(f"4-point sweep, --parallel 2: {seconds:.1f} s")
   assert "4 runs in" in out and "2 at a time" in out
   assert "Summary: 4 runs: 4 finished now, 0 finished earlier (skipped)" in out
+  slots = sweep.cpu_slots(2, pin=True)   # each run on its own CPUs (lra/cpus.py)
+  if slots is not None:
+    assert "2 at a time, each on its own CPUs (" + "; ".join(
+        ",".join(map(str, s)) for s in slots) + ")." in out
+    held = [json.load(open(os.path.join(workdir, n, "sweep.json")))["attempts"][-1]["cpus"]
+            for n in NAMES]
+    assert held[:2] == [list(s) for s in slots]   # the first two, started together
+    assert all(h in [list(s) for s in slots] for h in held)
   assert sorted(os.listdir(workdir)) == sorted(NAMES)
   for name in NAMES:
     with open(results_json(workdir, name)) as f:
@@ -214,6 +222,70 @@ def test_a_failed_run_does_not_stop_the_others_and_is_named(env, tmp_path, capsy
   table = json.loads(lra(env, "results", str(workdir), "--format", "json").stdout)
   assert [(r["run"], r["status"]) for r in table] == [("broken1", "failed"), ("broken2", "failed")]
   assert all(r["reason"].startswith("error: ListOps TSVs ") for r in table)
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_runs_side_by_side_each_get_their_own_cpus_unless_no_pin(env, tmp_path, capsys,
+                                                                 monkeypatch, pin):
+  """Two failing runs at once (each refuses in a second): with pinning, each is started with
+  its own slot of CPUs in LRA_CPUS and the record says which; with --no_pin, neither is."""
+  for key in ("LRA_DATA", "JAX_PLATFORMS", "XLA_FLAGS"):
+    monkeypatch.setenv(key, env[key])
+  monkeypatch.delenv("LRA_CPUS", raising=False)
+  monkeypatch.setattr(sweep.cpus_lib, "available", lambda: [0])   # even on a 1-CPU machine
+  started = []
+  real_popen = sweep.subprocess.Popen
+  def popen(argv, **kwargs):
+    started.append((kwargs.get("env") or {}).get("LRA_CPUS"))
+    return real_popen(argv, **kwargs)
+  monkeypatch.setattr(sweep.subprocess, "Popen", popen)
+  points = [failing_point(i, str(tmp_path)) for i in (1, 2, 3)]
+  workdir = tmp_path / "runs"
+  assert sweep.run_points(points, "listops", str(workdir), 2, pin=pin) == 1
+  out = capsys.readouterr().out
+  records = [json.load(open(workdir / f"broken{i}" / "sweep.json"))["attempts"][-1]
+             for i in (1, 2, 3)]
+  if pin:   # one CPU, two runs: both slots hold CPU 0 (`lra.cpus.slots`)
+    assert "3 to run, 2 at a time, each on its own CPUs (0; 0)." in out
+    assert started == ["0", "0", "0"]
+    assert [r["cpus"] for r in records] == [[0], [0], [0]]
+    assert "broken1: started on CPU 0 (log" in out
+  else:
+    assert "3 to run, 2 at a time.\n" in out
+    assert started == [None, None, None]
+    assert all("cpus" not in r for r in records)
+  assert all(r["exit_code"] == 2 for r in records)
+
+
+def test_the_slots_handed_out_are_never_held_by_two_running_runs(monkeypatch, tmp_path):
+  """Runs that end in any order give their slot back; a new run takes a free one."""
+  monkeypatch.setattr(sweep.cpus_lib, "available", lambda: [0, 1, 2])
+  holding, seen = {}, []
+
+  class Child:
+    def __init__(self, cpus):
+      self.cpus, self.polls, self.returncode = cpus, 0, 0
+    def poll(self):
+      self.polls += 1
+      if self.polls < (3 if self.cpus == (1,) else 1):   # the run on CPU 1 lasts longer
+        return None
+      holding.pop(id(self), None)
+      return 0
+
+  def start(point, task, workdir, total, cpus=None):
+    assert cpus not in holding.values(), (cpus, holding)
+    child = Child(cpus)
+    holding[id(child)] = cpus
+    seen.append(cpus)
+    return child, 0.0
+
+  monkeypatch.setattr(sweep, "_start", start)
+  monkeypatch.setattr(sweep, "_finish", lambda *a: "done")
+  monkeypatch.setattr(sweep.time, "sleep", lambda s: None)
+  points = [sweep.Point(i, "attention=band,size=small", [], f"p{i}") for i in range(1, 8)]
+  assert sweep.run_points(points, "listops", str(tmp_path), 3, pin=True) == 0
+  assert seen[:3] == [(0,), (1,), (2,)] and len(seen) == 7
+  assert set(seen) == {(0,), (1,), (2,)}
 
 
 def test_only_runs_the_matching_points_under_the_whole_sweeps_names(tmp_path, capsys):
