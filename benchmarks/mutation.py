@@ -70,6 +70,12 @@ TESTS: dict[str, list[str]] = {
     "attention/block_sparse.py": ["tests/block_sparse_test.py"],
     "attention/sparse_patterns.py": ["tests/sparse_patterns_test.py"],
     "attention/band_kernel.py": ["tests/band_test.py"],
+    "lra/data/mqar_generator.py": ["tests/mqar_test.py", "-k", "definition or slip or limits "
+                                   "or disjoint or power_law or noise or deterministic or "
+                                   "refused"],
+    "lra/data/needle_generator.py": ["tests/needle_test.py", "-k", "definition or slip or "
+                                     "distance or independent or filler or deterministic or "
+                                     "refused or distractors or spread"],
 }
 
 # The operators kept (cosmic-ray names without the "core/" prefix); every other one is filtered.

@@ -114,8 +114,10 @@ def test_keys_and_values_come_from_disjoint_halves():
   answers = np.concatenate([y[y > 0] for _, y in rows])
   assert keys.min() >= 1 and keys.max() < V // 2 <= values.min() and values.max() < V
   assert np.isin(answers, values).all() and not np.isin(answers, keys).any()
-  # the halves are used in full (uniform draws over 255 keys and 256 values)
-  assert len(set(keys.tolist())) > 250 and len(set(values.tolist())) > 250
+  # the halves are used in full: 8,000 draws over 255 keys and 256 values miss none of them
+  # (each is missed with probability about e^-31)
+  assert set(keys.tolist()) == set(range(1, V // 2))
+  assert set(values.tolist()) == set(range(V // 2, V))
 
 
 def _gaps(rows, num_pairs=K):
@@ -184,6 +186,24 @@ def test_impossible_settings_are_refused(kw, message):
   settings.update(kw)
   with pytest.raises(ValueError, match=message):
     mqar_generator.check(**settings)
+
+
+@pytest.mark.parametrize("vocab_size, seq_len, num_pairs, message", [
+    (5, 2, 1, "even length of at least 4"), (5, 4, 0, "1 <= num_pairs"),
+    (9, 8, 3, "4 \\* num_pairs <= seq_len"), (8, 8, 2, "must exceed seq_len = 8"),
+    (65_537, 64, 4, "at most 65536"), (9, 8, 2, None), (5, 4, 1, None), (65_536, 64, 4, None)])
+def test_the_limits_of_the_settings_are_exact(vocab_size, seq_len, num_pairs, message):
+  """Each limit at its edge: the smallest settings allowed draw examples that follow the
+  definition; one step beyond is refused, with the reason."""
+  settings = dict(vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs)
+  if message is not None:
+    with pytest.raises(ValueError, match=message):
+      mqar_generator.check(**settings)
+    return
+  mqar_generator.check(**settings)
+  for inputs, targets in mqar_generator.generate(200, seed=3, **settings):
+    assert violations(inputs.astype(np.int64), targets.astype(np.int64),
+                      num_pairs=num_pairs, vocab_size=vocab_size) == []
 
 
 def test_the_model_example_scores_exactly_the_answers():

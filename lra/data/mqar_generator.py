@@ -38,12 +38,13 @@ def check(*, vocab_size: int, seq_len: int, num_pairs: int, power_a: float = POW
   if num_pairs < 1 or 4 * num_pairs > seq_len:
     raise ValueError(f"num_pairs={num_pairs}: need 1 <= num_pairs and 4 * num_pairs <= seq_len "
                      f"= {seq_len} (the pairs, then a query slot per gap).")
-  if vocab_size <= seq_len or vocab_size // 2 - 1 < num_pairs:
-    raise ValueError(f"vocab_size={vocab_size}: must exceed seq_len = {seq_len} and give at "
-                     f"least num_pairs = {num_pairs} keys in [1, vocab_size // 2).")
-  if vocab_size > np.iinfo(np.uint16).max:
+  # With 4 * num_pairs <= seq_len < vocab_size, the halves hold at least num_pairs keys in
+  # [1, vocab_size // 2) and num_pairs values: 2 * num_pairs - 1 and 2 * num_pairs at least.
+  if vocab_size <= seq_len:
+    raise ValueError(f"vocab_size={vocab_size}: must exceed seq_len = {seq_len}.")
+  if vocab_size > np.iinfo(np.uint16).max + 1:
     raise ValueError(f"vocab_size={vocab_size}: tokens are stored as uint16, so at most "
-                     f"{np.iinfo(np.uint16).max}.")
+                     f"{np.iinfo(np.uint16).max + 1}.")
   if not power_a > 0:
     raise ValueError(f"power_a={power_a}: the power law needs power_a > 0 (1 is uniform).")
 
@@ -56,11 +57,10 @@ def gap_law(seq_len: int, num_pairs: int, power_a: float = POWER_A) -> np.ndarra
 
 
 def example(rng: np.random.Generator, *, vocab_size: int, seq_len: int, num_pairs: int,
-            power_a: float = POWER_A, noise: bool = True, law: np.ndarray | None = None
-            ) -> tuple[np.ndarray, np.ndarray]:
-  """One (inputs uint16 [seq_len], targets uint16 [seq_len]) pair drawn from `rng`; targets are
-  the values at the query positions and 0 elsewhere."""
-  p = gap_law(seq_len, num_pairs, power_a) if law is None else law
+            law: np.ndarray, noise: bool) -> tuple[np.ndarray, np.ndarray]:
+  """One (inputs uint16 [seq_len], targets uint16 [seq_len]) pair drawn from `rng`, the gaps
+  from `law` (`gap_law`); targets are the values at the query positions and 0 elsewhere."""
+  p = law
   half = vocab_size // 2
   keys = rng.choice(half - 1, size=num_pairs, replace=False) + 1             # [1, V/2)
   values = rng.choice(vocab_size - half, size=num_pairs, replace=False) + half  # [V/2, V)
@@ -81,12 +81,12 @@ def example(rng: np.random.Generator, *, vocab_size: int, seq_len: int, num_pair
   return inputs.astype(np.uint16), targets.astype(np.uint16)
 
 
-def generate(num: int, *, vocab_size: int, seq_len: int, num_pairs: int,
-             power_a: float = POWER_A, noise: bool = True, seed: int = 0
+def generate(num: int, *, vocab_size: int, seq_len: int, num_pairs: int, seed: int,
+             power_a: float = POWER_A, noise: bool = True
              ) -> list[tuple[np.ndarray, np.ndarray]]:
   """`num` examples drawn from `seed`: a list of (inputs, targets), uint16 [seq_len] each."""
   check(vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs, power_a=power_a)
   rng = np.random.default_rng(seed)
   law = gap_law(seq_len, num_pairs, power_a)
-  return [example(rng, vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs,
-                  power_a=power_a, noise=noise, law=law) for _ in range(num)]
+  return [example(rng, vocab_size=vocab_size, seq_len=seq_len, num_pairs=num_pairs, law=law,
+                  noise=noise) for _ in range(num)]
