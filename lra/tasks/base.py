@@ -25,9 +25,30 @@ def weighted_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array
                   ) -> dict[str, jax.Array]:
   """Cross-entropy and correct predictions summed with `weights` (0 for padding or filler)."""
   loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # [...]
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  correct = predicted(logits, targets).astype(jnp.float32)
   return {"loss_sum": jnp.sum(loss * weights), "correct": jnp.sum(correct * weights),
           "weight": jnp.sum(weights)}
+
+
+def predicted(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """`jnp.argmax(logits, axis=-1) == targets` (bool `[...]`), without an arg-reduction.
+
+  argmax is the first index of the largest logit, NaN counting as the largest. So the target t
+  is the argmax exactly when no logit beats it: none is larger, none at a smaller index is
+  equal, and no NaN stands anywhere (before t only, when t's own logit is NaN). A target
+  outside `[0, V)` is never predicted. XLA:CPU runs argmax's (value, index) reduction one
+  element at a time: over the 8,193 ids of an MQAR batch it took 19 ms of a 335 ms training
+  step, these comparisons (one max-like pass) 2 ms.
+  """
+  v = logits.shape[-1]
+  t = targets[..., None].astype(jnp.int32)                                # [..., 1]
+  inside = (t >= 0) & (t < v)
+  x_t = jnp.take_along_axis(logits, jnp.clip(t, 0, v - 1), axis=-1)     # [..., 1]
+  ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  nan = jnp.isnan(logits)
+  beaten = ((logits > x_t) | ((logits == x_t) & (ids < t))
+            | (nan & ((ids < t) | ~jnp.isnan(x_t))))
+  return (inside & ~jnp.any(beaten, axis=-1, keepdims=True))[..., 0]
 
 
 def eval_weights(spec: dict[str, jax.ShapeDtypeStruct], batch_size: int, split: str

@@ -42,7 +42,7 @@ import models
 from attention import backends, rotary
 from attention import kinds as attention_kinds
 from lra.data import needle as data
-from lra.tasks.base import example_weights, weighted_sums
+from lra.tasks.base import example_weights, predicted, weighted_sums
 from lra.tasks.mqar import RecallTask
 from models import sequence
 from models.attention_layer import split_spec
@@ -168,7 +168,7 @@ class NeedleTask(RecallTask):
     sums = weighted_sums(logits.astype(jnp.float32), targets, weights)
     if rng is None:      # evaluation: needles retrieved per distance bin
       distance = needle_distance(batch["inputs"], index)
-      correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32) * weights
+      correct = predicted(logits, targets).astype(jnp.float32) * weights
       for lo, hi in distance_bins(batch["inputs"].shape[1]):
         inside = ((distance >= lo) & (distance < hi)).astype(jnp.float32)
         sums[f"correct_d{lo}"] = jnp.sum(correct * inside)
