@@ -75,7 +75,8 @@ TESTS: dict[str, list[str]] = {
                                    "refused"],
     "lra/data/needle_generator.py": ["tests/needle_test.py", "-k", "definition or slip or "
                                      "distance or independent or filler or deterministic or "
-                                     "refused or distractors or spread"],
+                                     "refused or distractors or spread or limits or "
+                                     "sequential"],
 }
 
 # The operators kept (cosmic-ray names without the "core/" prefix); every other one is filtered.

@@ -71,7 +71,8 @@ def violations(inputs, targets, distance, *, num_keys, num_values, vocab_size,
 
 
 def draw(num, seed=0, **kw):
-  settings = dict(vocab_size=V, seq_len=L, num_keys=NK, num_values=NV, distances=DISTANCES)
+  settings = dict(vocab_size=V, seq_len=L, num_keys=NK, num_values=NV, distances=DISTANCES,
+                  num_distractors=0)
   settings.update(kw)
   return needle_generator.generate(num, seed=seed, **settings)
 
@@ -83,7 +84,7 @@ def test_every_example_follows_the_definition(vocab_size, seq_len, num_keys, num
                                               distances):
   rows = needle_generator.generate(300, vocab_size=vocab_size, seq_len=seq_len,
                                    num_keys=num_keys, num_values=num_values,
-                                   distances=distances, seed=1)
+                                   distances=distances, seed=1, num_distractors=0)
   seen = set()
   for inputs, targets in rows:
     assert inputs.shape == targets.shape == (seq_len,)
@@ -184,10 +185,103 @@ def test_draws_are_deterministic_for_a_seed():
     (dict(vocab_size=16), "must exceed"), (dict(num_keys=0), "at least one"),
     (dict(vocab_size=70_000), "uint16")])
 def test_impossible_settings_are_refused(kw, message):
-  settings = dict(vocab_size=V, seq_len=L, num_keys=NK, num_values=NV, distances=DISTANCES)
+  settings = dict(vocab_size=V, seq_len=L, num_keys=NK, num_values=NV, distances=DISTANCES,
+                  num_distractors=0)
   settings.update(kw)
   with pytest.raises(ValueError, match=message):
     needle_generator.check(**settings)
+
+
+def _refusal(settings):
+  with pytest.raises(ValueError) as e:
+    needle_generator.check(**settings)
+  return str(e.value)
+
+
+def test_the_limits_of_the_settings_are_exact():
+  """Each limit of `check` at its edge: the last allowed setting draws examples that follow the
+  definition, the first refused one is refused with the numbers of its message."""
+  base = dict(vocab_size=V, seq_len=L, num_keys=NK, num_values=NV, distances=DISTANCES,
+              num_distractors=0)
+
+  def allowed(**kw):
+    settings = {**base, **kw}
+    needle_generator.check(**settings)
+    for inputs, targets in needle_generator.generate(50, seed=3, **settings):
+      d = needle_generator.distance_of(inputs)
+      assert d in settings["distances"]
+      assert violations(inputs.astype(np.int64), targets.astype(np.int64), d,
+                        num_keys=settings["num_keys"], num_values=settings["num_values"],
+                        vocab_size=settings["vocab_size"],
+                        num_distractors=settings["num_distractors"]) == []
+
+  def refused(message, **kw):
+    assert _refusal({**base, **kw}) == message
+
+  allowed(seq_len=3, distances=(2,))
+  refused("seq_len=2: a needle example needs at least 3 tokens (key, value, query).",
+          seq_len=2, distances=(2,))
+  allowed(num_keys=1, num_values=1, vocab_size=3)
+  refused("num_keys=0, num_values=8: need at least one of each.", num_keys=0)
+  refused("num_keys=8, num_values=0: need at least one of each.", num_values=0)
+  allowed(vocab_size=NK + NV + 1)
+  refused("vocab_size=16: must exceed num_keys + num_values = 16 (the rest is the filler "
+          "vocabulary).", vocab_size=NK + NV)
+  refused("vocab_size=12: must exceed num_keys + num_values = 16 (the rest is the filler "
+          "vocabulary).", vocab_size=12)
+  allowed(vocab_size=65_536)
+  refused("vocab_size=65537: tokens are stored as uint16, so at most 65536.",
+          vocab_size=65_537)
+  allowed(distances=(2, L - 1))
+  refused("distances [1]: a distance d puts the key at seq_len - 1 - d and its value after "
+          "it, so 2 <= d <= seq_len - 1 = 63.", distances=(1, 2))
+  refused("distances [64, 65]: a distance d puts the key at seq_len - 1 - d and its value "
+          "after it, so 2 <= d <= seq_len - 1 = 63.", distances=(L - 1, L, L + 1))
+  allowed(num_distractors=NK - 1)
+  for n in (NK, -1):
+    refused(f"num_distractors={n}: the distractors' keys are distinct and not the query's, "
+            f"so 0 <= num_distractors <= num_keys - 1 = 7.", num_distractors=n)
+  allowed(num_distractors=3, seq_len=17, distances=(2, 9, 16))
+  refused("seq_len=16: 3 distractor pairs need seq_len >= 4 (num_distractors + 1) + 1 = 17.",
+          num_distractors=3, seq_len=16, distances=(2,))
+
+
+def _placement_law(free: tuple[bool, ...], n: int) -> dict[frozenset, float]:
+  """The law of the distractors' start positions by the definition: each pair on two adjacent
+  free positions drawn uniformly, one pair after the other (as unordered sets)."""
+  if n == 0:
+    return {frozenset(): 1.0}
+  starts = [p for p in range(len(free) - 1) if free[p] and free[p + 1]]
+  law: dict[frozenset, float] = {}
+  for p in starts:
+    rest = list(free)
+    rest[p] = rest[p + 1] = False
+    for placed, prob in _placement_law(tuple(rest), n - 1).items():
+      law[placed | {p}] = law.get(placed | {p}, 0.0) + prob / len(starts)
+  return law
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_distractor_positions_follow_the_sequential_uniform_law(n):
+  """Chi-square of the distractors' start positions against the law computed from the
+  definition, on 13 tokens with the needle at distance 5 (free runs of 7 and 3 positions)."""
+  seq_len, d, draws = 13, 5, 20_000
+  q = seq_len - 1
+  free = tuple(p not in (q - d, q - d + 1, q) for p in range(seq_len))
+  law = _placement_law(free, n)
+  rows = draw(draws, seed=11, seq_len=seq_len, distances=(d,), num_keys=4, num_values=4,
+              vocab_size=16, num_distractors=n)
+  counts = dict.fromkeys(law, 0)
+  for inputs, _ in rows:
+    starts = frozenset(int(p) for p in np.flatnonzero(inputs[:q] < 4) if p != q - d)
+    assert starts in counts, sorted(starts)
+    counts[starts] += 1
+  sets = list(law)
+  df = len(sets) - 1
+  # the 0.999 quantile of chi-square with df degrees of freedom (Wilson-Hilferty)
+  limit = df * (1 - 2 / (9 * df) + 3.09 * np.sqrt(2 / (9 * df))) ** 3
+  stat = _chi_square(np.array([counts[k] for k in sets]), np.array([law[k] for k in sets]))
+  assert stat < limit, (stat, limit)
 
 
 def tiny_overrides(tmp_path):

@@ -60,13 +60,12 @@ def example(rng: np.random.Generator, *, vocab_size: int, seq_len: int, num_pair
             law: np.ndarray, noise: bool) -> tuple[np.ndarray, np.ndarray]:
   """One (inputs uint16 [seq_len], targets uint16 [seq_len]) pair drawn from `rng`, the gaps
   from `law` (`gap_law`); targets are the values at the query positions and 0 elsewhere."""
-  p = law
   half = vocab_size // 2
   keys = rng.choice(half - 1, size=num_pairs, replace=False) + 1             # [1, V/2)
   values = rng.choice(vocab_size - half, size=num_pairs, replace=False) + half  # [V/2, V)
-  # Successive weighted sampling without replacement: the num_pairs largest log(u) / p, in
+  # Successive weighted sampling without replacement: the num_pairs largest log(u) / law, in
   # decreasing order, are the gaps drawn first, second, ...
-  scores = np.log(rng.random(p.size)) / p
+  scores = np.log(rng.random(law.size)) / law
   gaps = np.argsort(-scores, kind="stable")[:num_pairs]
   context = 2 * num_pairs
   if noise:

@@ -36,7 +36,7 @@ import numpy as np
 
 
 def check(*, vocab_size: int, seq_len: int, num_keys: int, num_values: int,
-          distances: Sequence[int], num_distractors: int = 0) -> None:
+          distances: Sequence[int], num_distractors: int) -> None:
   """Raises ValueError (one line) when no example can be drawn with these settings."""
   if seq_len < 3:
     raise ValueError(f"seq_len={seq_len}: a needle example needs at least 3 tokens (key, value, "
@@ -46,9 +46,9 @@ def check(*, vocab_size: int, seq_len: int, num_keys: int, num_values: int,
   if vocab_size <= num_keys + num_values:
     raise ValueError(f"vocab_size={vocab_size}: must exceed num_keys + num_values = "
                      f"{num_keys + num_values} (the rest is the filler vocabulary).")
-  if vocab_size > np.iinfo(np.uint16).max:
+  if vocab_size > np.iinfo(np.uint16).max + 1:
     raise ValueError(f"vocab_size={vocab_size}: tokens are stored as uint16, so at most "
-                     f"{np.iinfo(np.uint16).max}.")
+                     f"{np.iinfo(np.uint16).max + 1}.")
   if len(distances) == 0:
     raise ValueError("distances is empty: give one distance or several to draw from.")
   bad = [d for d in distances if not 2 <= int(d) <= seq_len - 1]
@@ -65,7 +65,7 @@ def check(*, vocab_size: int, seq_len: int, num_keys: int, num_values: int,
 
 
 def example(rng: np.random.Generator, *, vocab_size: int, seq_len: int, num_keys: int,
-            num_values: int, distances: Sequence[int], num_distractors: int = 0
+            num_values: int, distances: Sequence[int], num_distractors: int
             ) -> tuple[np.ndarray, np.ndarray]:
   """One (inputs uint16 [seq_len], targets uint16 [seq_len]) pair drawn from `rng`; the target
   is the value at the query position (the last) and 0 elsewhere."""
@@ -92,7 +92,7 @@ def example(rng: np.random.Generator, *, vocab_size: int, seq_len: int, num_keys
 
 
 def generate(num: int, *, vocab_size: int, seq_len: int, num_keys: int, num_values: int,
-             distances: Sequence[int], seed: int = 0, num_distractors: int = 0
+             distances: Sequence[int], seed: int, num_distractors: int
              ) -> list[tuple[np.ndarray, np.ndarray]]:
   """`num` examples drawn from `seed`: a list of (inputs, targets), uint16 [seq_len] each."""
   distances = tuple(int(d) for d in distances)
