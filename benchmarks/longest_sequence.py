@@ -171,7 +171,7 @@ def run_point(model: str, setup: str, length: int, args) -> dict:
   if SETUPS[setup][1] > 1:
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={SETUPS[setup][1]}"
     # XLA:CPU's pool of max(cores, devices) threads deadlocks a loop of collective steps with
-    # this many faked devices; four threads a device do not (launch/entry.py `cpu_threads`).
+    # this many faked devices; four threads a device do not (lra/cpus.py `cpu_threads`).
     env.setdefault("NPROC", str(4 * SETUPS[setup][1]))
     env["JAX_PLATFORMS"] = "cpu"
   spec = {"model": model, "setup": setup, "length": length, "steps": args.steps,

@@ -152,4 +152,7 @@ def _command(rest: Sequence[str], overrides: list[tuple[str, str]]) -> int:
 
 
 if __name__ == "__main__":
+  # `python -m launch.cli`, as a sweep starts each run, sizes XLA:CPU's pool as `lra` does.
+  from lra import cpus
+  cpus.cpu_threads()
   sys.exit(main())

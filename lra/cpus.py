@@ -13,6 +13,7 @@ starts inherits them. Importing this module imports nothing but the standard lib
 from __future__ import annotations
 
 import os
+import re
 from typing import Mapping, Sequence
 
 ENV = "LRA_CPUS"   # comma-separated CPU numbers, as `format_cpus` writes them
@@ -71,3 +72,19 @@ def restrict(environ: Mapping[str, str] = os.environ) -> str | None:
             f"{format_cpus(allowed)}); unset it to use every CPU.")
   os.sched_setaffinity(0, cpus)
   return None
+
+
+def cpu_threads(environ=os.environ) -> None:
+  """XLA:CPU runs each device's share of a program on one pool of max(cores, devices) threads.
+  With as many CPU devices as cores (8 devices faked on a 2-core machine to rehearse a mesh, or
+  2 on 2), a chain of steps that each end in a collective, which a training loop is, deadlocks
+  within a few hundred steps and XLA ends the process. NPROC sets the pool's size; when CPU
+  devices are asked for (XLA_FLAGS' --xla_force_host_platform_device_count or
+  JAX_NUM_CPU_DEVICES) and NPROC is not set, it is set to four times their number, which no
+  stress run deadlocked (tests/cpu_threads_test.py). Runs before JAX starts its backend."""
+  flag = re.search(r"--xla_force_host_platform_device_count=(\d+)", environ.get("XLA_FLAGS", ""))
+  counts = [int(flag.group(1))] if flag else []
+  if environ.get("JAX_NUM_CPU_DEVICES", "").strip().isdigit():
+    counts.append(int(environ["JAX_NUM_CPU_DEVICES"]))
+  if counts and max(counts) > 1:
+    environ.setdefault("NPROC", str(4 * max(counts)))
