@@ -73,6 +73,8 @@ TESTS: dict[str, list[str]] = {
     "lra/data/mqar_generator.py": ["tests/mqar_test.py", "-k", "definition or slip or limits "
                                    "or disjoint or power_law or noise or deterministic or "
                                    "refused"],
+    "lra/tasks/mqar.py": ["tests/mqar_test.py", "-k", "objective or answers or model_example or "
+                          "cannot_be_causal or clipped or output_rows or first_most"],
     "lra/data/needle_generator.py": ["tests/needle_test.py", "-k", "definition or slip or "
                                      "distance or independent or filler or deterministic or "
                                      "refused or distractors or spread or limits or "

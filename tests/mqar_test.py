@@ -276,6 +276,74 @@ def test_the_objective_is_the_next_token_loss_on_the_answers():
   assert float(task.objective(model, short, None)["weight"]) == 5 * (K - 1)
 
 
+def _tiny_model(task, **kw):
+  cfg = dict(vocab_size=task.vocab_size, num_classes=task.num_classes, max_length=L, emb_dim=16,
+             num_heads=2, qkv_dim=16, mlp_dim=32, num_layers=1, dropout=0.0,
+             pos_emb="learned", attention={"kind": "dot_product"}, layer_attention=())
+  cfg.update(kw)
+  return task.build_model(cfg, nnx.Rngs(0))
+
+
+def test_without_answers_the_objective_reads_every_answer_of_a_full_row():
+  """Rows as dense in answers as the generator allows (4 pairs per 16 tokens): the top-k gather
+  of a batch without `answers` must still take every one (L // 4 positions), here with a model
+  narrower than the row's answers (16 features, 16 answers)."""
+  task = get_task("mqar")
+  model = _tiny_model(task)
+  rows = [mqar.to_example(x, y, L) for x, y in draw(4, seed=12, num_pairs=L // 4)]
+  batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+  assert (batch["mask"].sum(1) == L // 4).all()
+  want = weighted_sums(model(batch["inputs"]), batch["targets"], batch["mask"])
+  sums = task.objective(model, batch, None)
+  for key in ("loss_sum", "correct", "weight"):
+    np.testing.assert_allclose(float(sums[key]), float(want[key]), rtol=1e-5)
+
+
+def test_answer_positions_outside_the_row_are_clipped_to_its_ends():
+  """A caller's `answers` (random timing batches) may fall outside [0, L): each is read at the
+  nearest end of the row, as if clipped there, never wrapped around or filled."""
+  task = get_task("mqar")
+  model = _tiny_model(task)
+  rng = np.random.default_rng(13)
+  batch = {"inputs": rng.integers(1, 500, (3, L)).astype(np.int32),
+           "targets": rng.integers(1, 500, (3, L)).astype(np.int32),
+           "mask": rng.integers(0, 2, (3, L)).astype(np.int32)}
+  batch["mask"][:, [0, 1, L - 2, L - 1]] = [1, 0, 0, 1]       # the ends differ from their inner
+  batch["answers"] = np.array([[-3, 0, L - 1, L + 2], [-1, 1, L - 2, L],
+                               [0, 5, 9, L + 1]], np.int32)
+  clipped = {**batch, "answers": np.clip(batch["answers"], 0, L - 1)}
+  got, want = task.objective(model, batch, None), task.objective(model, clipped, None)
+  for key in ("loss_sum", "correct", "weight"):
+    assert np.isfinite(float(got[key]))
+    np.testing.assert_allclose(float(got[key]), float(want[key]), rtol=1e-6)
+  read = np.take_along_axis(batch["mask"], clipped["answers"], axis=1)   # the ends' mask
+  assert float(got["weight"]) == read.sum() and read[:2].tolist() == [[1, 1, 1, 1], [1, 0, 0, 1]]
+
+
+def test_the_output_rows_are_the_ids_of_zoologys_vocabulary_and_no_more():
+  """Ids are tokens + 1 (0 pads) and the largest vocabulary a config allows is Zoology's 8,192
+  tokens, so the tied output layer needs exactly 8,193 rows: one fewer cannot score the top
+  token, and its size is part of the measured setting (docs/recall.md: 513 rows did not
+  recall)."""
+  largest = configs.build_config("mqar", size="base").data.vocab_size
+  with pytest.raises(ValueError, match="at most 8192 tokens"):
+    configs.build_config("mqar", size="base", overrides=[("data.vocab_size", str(largest + 1))])
+  inputs = np.full(8, largest - 1)
+  top_id = int(mqar.to_example(inputs, inputs, 8)["inputs"].max())
+  task = get_task("mqar")
+  assert task.vocab_size == task.num_classes == top_id + 1 == 8193
+  model = _tiny_model(task)
+  assert model.encoder.embed.embedding[...].shape[0] == 8193
+
+
+def test_the_best_checkpoint_is_the_first_most_accurate():
+  task = get_task("mqar")
+  assert task.better({"accuracy": 0.5}, {"accuracy": 0.4})
+  assert not task.better({"accuracy": 0.5}, {"accuracy": 0.5})    # a tie keeps the earlier
+  assert not task.better({"accuracy": 0.3}, {"accuracy": 0.4})
+  assert task.better({"accuracy": 0.0}, {})
+
+
 def test_configs_build_with_zoologys_settings():
   base = configs.build_config("mqar", size="base")
   assert (base.data.vocab_size, base.data.max_length, base.data.num_kv_pairs) == (8192, 256, 16)
