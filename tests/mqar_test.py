@@ -256,10 +256,7 @@ def test_the_dataset_is_the_generators_output(tmp_path):
 
 def test_the_objective_is_the_next_token_loss_on_the_answers():
   task = get_task("mqar")
-  cfg = dict(vocab_size=task.vocab_size, num_classes=task.num_classes, max_length=L, emb_dim=16,
-             num_heads=2, qkv_dim=16, mlp_dim=32, num_layers=1, dropout=0.0,
-             pos_emb="learned", attention={"kind": "dot_product"}, layer_attention=())
-  model = task.build_model(cfg, nnx.Rngs(0))
+  model = _tiny_model(task)
   rows = [mqar.to_example(x, y, L, answers=K) for x, y in draw(6, seed=10)]
   batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
   batch["weights"] = np.array([1, 1, 1, 1, 1, 0], np.float32)
@@ -276,11 +273,10 @@ def test_the_objective_is_the_next_token_loss_on_the_answers():
   assert float(task.objective(model, short, None)["weight"]) == 5 * (K - 1)
 
 
-def _tiny_model(task, **kw):
+def _tiny_model(task):
   cfg = dict(vocab_size=task.vocab_size, num_classes=task.num_classes, max_length=L, emb_dim=16,
              num_heads=2, qkv_dim=16, mlp_dim=32, num_layers=1, dropout=0.0,
              pos_emb="learned", attention={"kind": "dot_product"}, layer_attention=())
-  cfg.update(kw)
   return task.build_model(cfg, nnx.Rngs(0))
 
 
