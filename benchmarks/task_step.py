@@ -7,9 +7,9 @@ goes (`--ops`: the XLA operations of a profiled step, longest first, with their 
 The batch has the shapes of the task's training batch (`Task.batch_spec`), random token ids,
 random answer positions and a mask of about 6% ones; the numbers are the step's time, not a
 training run's. Prints one line: milliseconds per step (the mean over `--steps` after 3 warm-up
-steps), steps per second and the first step's time (compiling). With `--ops N`, a profile of 5 steps follows: the
-N operations with the most time per step. Pin it to one core with `taskset -c 0` to time it as
-`lra sweep --parallel 2` runs each run on the 2-core machine.
+steps), steps per second and the first step's time (compiling). With `--ops N`, a profile of 5
+steps follows: the N operations with the most time per step. Pin it to one core with
+`taskset -c 0` to time it as `lra sweep --parallel 2` runs each run on the 2-core machine.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ SIGTERM that arrives while Python imports the command, ended in one line and exi
 instead of a traceback or a silent kill. `lra run` holds the signal itself from its
 first line on (lra/signals.py `StartUp`).
 
-It also sizes XLA:CPU's thread pool when several CPU devices are asked for (`lra.cpus.cpu_threads`)."""
+It also sizes XLA:CPU's thread pool when several CPU devices are asked for
+(`lra.cpus.cpu_threads`)."""
 
 from __future__ import annotations
 
