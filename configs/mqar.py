@@ -10,7 +10,8 @@ The same fields are `--config.model.emb_dim` (and qkv_dim), `--config.data.max_l
 `--config.data.num_kv_pairs`.
 
 Main command (generates 20,000 training examples of 256 tokens with 16 pairs over a vocabulary
-of 512 tokens, trains 2 layers of width 64 with rotary positions for 2,000 steps of batch 32):
+of 512 tokens, trains 2 layers of width 64 with rotary positions for 1,200 steps of batch 32 at a
+constant learning rate):
 
   .venv/bin/lra run mqar --size small
 
@@ -70,13 +71,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # examples over a vocabulary of 512 tokens (with 8,192 this model had 1.4% accuracy after
     # 800 steps: every token's embedding is learnt from 16 times fewer occurrences), rotary
     # positions (the previous-token attention that recall builds on is a relative offset),
-    # 2,000 steps of batch 32 (docs/recall.md has the measured accuracy and time).
+    # 1,200 steps of batch 32 at a constant learning rate after 100 of warmup: recall forms
+    # near step 1,000 (a cosine decay over 1,500 steps had lowered the rate too far by then for
+    # it to form; docs/recall.md has the measured accuracy and time).
     c.data.update(vocab_size=512, num_train=20_000, num_val=500, num_test=1_000)
     width = p.width or 64
     common.set_model(c.model, layers=2, width=width, heads=2, mlp=2 * width,
                      classifier=width, dropout=0.0, pos_emb="rotary", pool="mean")
-    common.cpu_schedule(c, steps=2000, batch=32, eval_batch=250, learning_rate=1e-2,
-                        warmup=100, weight_decay=0.01, eval_every=250, checkpoint_every=500)
+    common.set_schedule(c, steps=1200, batch=32, eval_batch=250, learning_rate=1e-2,
+                        schedule="constant", warmup=100, weight_decay=0.01, grad_clip=1.0,
+                        log_every=50, eval_every=250, checkpoint_every=500)
   if p.length:
     c.data.max_length = p.length
   c.data.num_kv_pairs = p.pairs or ZOOLOGY_PAIRS.get(c.data.max_length,
@@ -107,10 +111,11 @@ def sweep(add) -> None:
 
 
 # Zoology's figure on this CPU: every causal-capable kind the issue names, three widths, at the
-# one point where recall forms within 2,000 steps here (256 tokens, 16 pairs; docs/recall.md).
-# Widths 16-64: at 128 size small's learning rate leaves dense attention at the uniform guess
-# (no tried rate gave it recall in 2,000 steps), so that column would measure the schedule, not
-# capacity, and its runs cost about 7 times width 32's (docs/recall.md).
+# one point where recall forms within size small's schedule here (256 tokens, 16 pairs;
+# docs/recall.md). Widths 16-64: at 128 size small's learning rate left dense attention at the
+# uniform guess (no tried rate gave it recall in 2,000 cosine steps, the earlier schedule), so
+# that column would measure the schedule, not capacity, and its runs cost about 7 times width
+# 32's (docs/recall.md).
 ZOOLOGY_KINDS = ("dot_product", "band", "sparse", "favor", "linear", "lsh")
 ZOOLOGY_WIDTHS = (64, 32, 16)
 
@@ -119,7 +124,7 @@ def sweep_zoology(add) -> None:
   """Accuracy against model width, one line per kind (Zoology's main figure; `lra sweep mqar
   --sweep zoology --workdir DIR --parallel 2`, then `python benchmarks/recall_plot.py DIR --task
   mqar --plot PNG`): each kind of `ZOOLOGY_KINDS` at the widths of `ZOOLOGY_WIDTHS`, size small
-  (256 tokens, 16 pairs, 2,000 steps), seeds 0 and 1: 36 runs, widest column first (the one
+  (256 tokens, 16 pairs, 1,200 steps), seeds 0 and 1: 36 runs, widest column first (the one
   where dense attention recalls), so a sweep stopped early has whole columns. Shorter sequences
   did not form recall within 2,000 steps here (docs/recall.md), so the sweep has this one
   length; `--arg length=L` moves all of it."""
