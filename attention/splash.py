@@ -5,9 +5,12 @@ the (query tile, key tile) pairs a static block mask marks non-empty, applies a 
 tile where a tile is partly allowed, and has its own backward pass. This module gives it one
 function per kind with exactly the keyword interface of the kind's portable function (`xla`),
 plus `interpret` (None: Pallas interpret mode when the default backend is not a TPU, which is
-how the CPU tests run it) and the kernel's tile sizes `block_q` and `block_kv` (multiples of 128;
-default 128). The kind's own block parameters keep their meaning (the pattern) and the xla
-compute block (`band`'s and `sparse`'s `block_size`) is accepted and ignored.
+how the CPU tests run it) and the kernel's tiles: `tiles` (a `Tiles`, or a mapping of its fields
+such as `config.model.splash`: `block_q`, `block_kv`, `block_kv_compute`, the dK/dV pass's
+`block_q_dkv`, `block_kv_dkv`, `block_kv_dkv_compute`, and `use_fused_bwd_kernel`; multiples of
+128, defaults in `DEFAULT_TILES`), with `block_q` / `block_kv` overriding it. The kind's own
+block parameters keep their meaning (the pattern) and the xla compute block (`band`'s and
+`sparse`'s `block_size`) is accepted and ignored.
 
 How the kinds map onto the kernel:
   * The mask of every head comes from the kind's pattern at tile granularity
@@ -32,9 +35,10 @@ Outputs are `[B, L, H, Dv]` in q's dtype, equal to `dot_product_attention` with 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -48,28 +52,106 @@ from attention.dot_product import masked_softmax_stats
 from attention.splash_masks import Pattern
 
 LANES = 128
-DEFAULT_BLOCK = 128
+# The kernel's tile sizes (splash's `BlockSizes`), as config fields. Defaults follow MaxText's
+# production setting for splash (`sa_block_*: 512`, `sa_use_fused_bwd_kernel: False`); the
+# kernel's own `BlockSizes.get_default()` is 128 everywhere, marked as a placeholder there. A
+# tile longer than the (lane-padded) sequence is cut to it, so short inputs run one tile.
+TILE_FIELDS = ("block_q", "block_kv", "block_kv_compute", "block_q_dkv", "block_kv_dkv",
+               "block_kv_dkv_compute")
+DEFAULT_TILES = dict(block_q=512, block_kv=512, block_kv_compute=512, block_q_dkv=512,
+                     block_kv_dkv=512, block_kv_dkv_compute=512, use_fused_bwd_kernel=False)
 
 
-def _tiles(block_q: int | None, block_kv: int | None) -> tuple[int, int]:
-  out = []
-  for name, value in (("block_q", block_q), ("block_kv", block_kv)):
-    value = DEFAULT_BLOCK if value is None else validation.positive_int(name, value)
-    if value % LANES:
-      raise ValueError(f"{name} must be a multiple of {LANES} (the kernel's lane width), got "
-                       f"{value}; pass {LANES * max(1, round(value / LANES))}.")
-    out.append(value)
-  return out[0], out[1]
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+  """The splash kernel's tiles: forward query / key tiles (`block_q`, `block_kv`) and the key
+  sub-tile of each matmul (`block_kv_compute`, dividing `block_kv`); the dK/dV pass's
+  (`block_q_dkv`, `block_kv_dkv`, `block_kv_dkv_compute`); `use_fused_bwd_kernel`: dQ computed
+  in the dK/dV kernel (one backward kernel, no dQ tiles) instead of its own pass at the forward
+  tiles. Sides are multiples of 128 (the lane width)."""
+  block_q: int = DEFAULT_TILES["block_q"]
+  block_kv: int = DEFAULT_TILES["block_kv"]
+  block_kv_compute: int = DEFAULT_TILES["block_kv_compute"]
+  block_q_dkv: int = DEFAULT_TILES["block_q_dkv"]
+  block_kv_dkv: int = DEFAULT_TILES["block_kv_dkv"]
+  block_kv_dkv_compute: int = DEFAULT_TILES["block_kv_dkv_compute"]
+  use_fused_bwd_kernel: bool = DEFAULT_TILES["use_fused_bwd_kernel"]
+
+  def __post_init__(self):
+    for name in TILE_FIELDS:
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive multiple of {LANES}, got {value!r}; "
+                         f"the default is {DEFAULT_TILES[name]}.")
+      if value % LANES:
+        raise ValueError(f"{name} must be a multiple of {LANES} (the kernel's lane width), got "
+                         f"{value}; pass {LANES * max(1, round(value / LANES))}.")
+      object.__setattr__(self, name, int(value))
+    for outer, inner in (("block_kv", "block_kv_compute"), ("block_kv_dkv",
+                                                            "block_kv_dkv_compute")):
+      if getattr(self, outer) % getattr(self, inner):
+        raise ValueError(f"{inner} = {getattr(self, inner)} must divide {outer} = "
+                         f"{getattr(self, outer)} (it is the sub-tile of each matmul); pass "
+                         f"{inner} = {getattr(self, outer)} or a divisor of it.")
+    if not isinstance(self.use_fused_bwd_kernel, (bool, np.bool_)):
+      raise ValueError(f"use_fused_bwd_kernel must be True or False, got "
+                       f"{self.use_fused_bwd_kernel!r}.")
+    object.__setattr__(self, "use_fused_bwd_kernel", bool(self.use_fused_bwd_kernel))
+
+  def fit(self, q_len: int, kv_len: int) -> Tiles:
+    """These tiles cut to sequences of `q_len` queries and `kv_len` keys (each side at most the
+    length rounded up to 128; a compute sub-tile that no longer divides its tile becomes it)."""
+    cap_q, cap_kv = _round_up(max(q_len, 1), LANES), _round_up(max(kv_len, 1), LANES)
+    out = {n: min(getattr(self, n), cap_q if "_q" in n else cap_kv) for n in TILE_FIELDS}
+    for outer, inner in (("block_kv", "block_kv_compute"), ("block_kv_dkv",
+                                                            "block_kv_dkv_compute")):
+      if out[outer] % out[inner]:
+        out[inner] = out[outer]
+    return Tiles(**out, use_fused_bwd_kernel=self.use_fused_bwd_kernel)
+
+  def block_sizes(self) -> _splash.BlockSizes:
+    """Splash's `BlockSizes`: the dQ pass (unfused) at the forward tiles, whose `MaskInfo` it
+    shares."""
+    dq = {} if self.use_fused_bwd_kernel else dict(block_q_dq=self.block_q,
+                                                   block_kv_dq=self.block_kv)
+    return _splash.BlockSizes(
+        block_q=self.block_q, block_kv=self.block_kv, block_kv_compute=self.block_kv_compute,
+        block_q_dkv=self.block_q_dkv, block_kv_dkv=self.block_kv_dkv,
+        block_kv_dkv_compute=self.block_kv_dkv_compute,
+        use_fused_bwd_kernel=self.use_fused_bwd_kernel, **dq)
+
+
+def splash_tiles(config: Tiles | Mapping | None = None, *, block_q: int | None = None,
+                 block_kv: int | None = None) -> Tiles:
+  """The `Tiles` of a config mapping (`config.model.splash`: any of `DEFAULT_TILES`' names; a
+  `Tiles` is returned as it is) with `block_q` / `block_kv` overriding it. An unknown name or a
+  bad value raises ValueError in one line."""
+  if isinstance(config, Tiles):
+    values = dataclasses.asdict(config)
+  else:
+    values = dict(config or {})
+    unknown = sorted(set(values) - set(DEFAULT_TILES))
+    if unknown:
+      raise ValueError(f"{unknown[0]} is not a splash tile field; valid: "
+                       f"{', '.join(DEFAULT_TILES)}.")
+  values.update({k: v for k, v in (("block_q", block_q), ("block_kv", block_kv))
+                 if v is not None})
+  return Tiles(**{k: v for k, v in values.items() if v is not None})
 
 
 def _interpret(interpret: bool | None) -> bool:
   return jax.default_backend() != "tpu" if interpret is None else bool(interpret)
 
 
-def _kernel(patterns: tuple[Pattern, ...], q_len: int, kv_len: int, main_len: int, bq: int,
-            bkv: int, interpret: bool) -> _splash.SplashAttentionKernel:
-  """The splash kernel of one static configuration, its `MaskInfo` built from the patterns."""
-  fwd, dkv = splash_masks.mask_infos(patterns, q_len, kv_len, main_len, bq, bkv)
+def _kernel(patterns: tuple[Pattern, ...], q_len: int, kv_len: int, main_len: int, t: Tiles,
+            interpret: bool) -> _splash.SplashAttentionKernel:
+  """The splash kernel of one static configuration: the forward (and unfused dQ) `MaskInfo` at
+  the forward tiles, the dK/dV one at the dK/dV tiles, built from the patterns. The fused
+  backward writes dQ at every step of its grid, so its dK/dV grid is not shrunk (as
+  `make_splash_mha` does; shrunk, its dQ is wrong)."""
+  fwd = splash_masks.mask_infos(patterns, q_len, kv_len, main_len, t.block_q, t.block_kv)[0]
+  dkv = splash_masks.mask_infos(patterns, q_len, kv_len, main_len, t.block_q_dkv,
+                                t.block_kv_dkv, not t.use_fused_bwd_kernel)[1]
 
   def info(x: splash_masks.MaskInfo) -> _splash_info.MaskInfo:
     return _splash_info.MaskInfo(
@@ -78,11 +160,9 @@ def _kernel(patterns: tuple[Pattern, ...], q_len: int, kv_len: int, main_len: in
         partial_mask_blocks=None if x.partial_mask_blocks is None
         else jnp.asarray(x.partial_mask_blocks), q_sequence=None)
 
-  sizes = _splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq,
-                             block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq,
-                             block_kv_dq=bkv)
   return _splash.SplashAttentionKernel(
-      info(fwd), info(fwd), info(dkv), block_sizes=sizes, is_mqa=False, save_residuals=False,
+      info(fwd), None if t.use_fused_bwd_kernel else info(fwd), info(dkv),
+      block_sizes=t.block_sizes(), is_mqa=False, save_residuals=False,
       mask_value=_splash.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
       residual_checkpoint_name=None, mask_function=None, interpret=interpret)
 
@@ -98,23 +178,25 @@ def _pad(x: jax.Array, length: int, value=0) -> jax.Array:
 
 
 def _run(q: jax.Array, k: jax.Array, v: jax.Array, key_ok: jax.Array, *,
-         patterns: tuple[Pattern, ...], bq: int, bkv: int, interpret: bool,
+         patterns: tuple[Pattern, ...], tiles: Tiles, interpret: bool,
          extra: tuple[jax.Array, jax.Array, jax.Array] | None = None) -> jax.Array:
   """Splash attention of q `[B, Lq, H, D]` over keys k, v `[B, Lk, H, .]` that `key_ok [B, Lk]`
   allows, with one pattern per head; `extra` = (k, v, ok) of appended key columns every query
   sees. Returns `[B, Lq, H, Dv]` in q's dtype (rows with no allowed key are unspecified)."""
   b_, lq, h, d = q.shape
-  tile = math.lcm(bq, bkv)
-  q_len, main_len = _round_up(lq, tile), _round_up(k.shape[1], tile)
+  t = tiles.fit(lq, k.shape[1])
+  key_tile = math.lcm(t.block_kv, t.block_kv_dkv)
+  q_len = _round_up(lq, math.lcm(t.block_q, t.block_q_dkv))
+  main_len = _round_up(k.shape[1], key_tile)
   ks, vs = [_pad(k, main_len)], [_pad(v, main_len)]
   oks = [_pad(key_ok, main_len, False)]
   if extra is not None:
-    g = _round_up(extra[0].shape[1], bkv)
+    g = _round_up(extra[0].shape[1], key_tile)
     ks.append(_pad(extra[0], g))
     vs.append(_pad(extra[1], g))
     oks.append(_pad(extra[2], g, False))
   kv_len = main_len + sum(x.shape[1] for x in ks[1:])
-  kernel = _kernel(patterns, q_len, kv_len, main_len, bq, bkv, interpret)
+  kernel = _kernel(patterns, q_len, kv_len, main_len, t, interpret)
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)                    # [B, H, L, .]
   scale = 1.0 / math.sqrt(d)
   qh = heads_major(_pad((q.astype(jnp.float32) * scale).astype(q.dtype), q_len))
@@ -142,7 +224,8 @@ def _real(key_mask: jax.Array | None, b_: int, length: int) -> jax.Array:
 
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
                           key_mask: jax.Array | None = None, interpret: bool | None = None,
-                          block_q: int | None = None, block_kv: int | None = None) -> jax.Array:
+                          block_q: int | None = None, block_kv: int | None = None,
+                          tiles: Tiles | Mapping | None = None) -> jax.Array:
   """Dense attention (causal: j <= i, positions aligned at the start) on the splash kernel.
 
   q `[B, Lq, H, D]`, k and v `[B, Lk, H, .]`; `key_mask [B, Lk]`, True = real key; with q and k
@@ -150,7 +233,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: b
   """
   b_, lq, lk, h, _ = validation.check_qkv(q, k, v)
   validation.check_token_mask("key_mask", key_mask, b_, lk)
-  bq, bkv = _tiles(block_q, block_kv)
+  tiles = splash_tiles(tiles, block_q=block_q, block_kv=block_kv)
   keep = None
   if key_mask is not None:
     real = jnp.asarray(key_mask, bool)
@@ -161,20 +244,23 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: b
       keep = (seen[:, np.minimum(np.arange(lq), lk - 1)] if causal else seen[:, -1:]) > 0
       keep = jnp.broadcast_to(keep, (b_, lq))
   return _patterned(q, k, v, key_mask, keep, patterns=(splash_masks.DensePattern(bool(causal)),)
-                    * h, bq=bq, bkv=bkv, interpret=_interpret(interpret))
+                    * h, tiles=tiles, interpret=_interpret(interpret))
 
 
 def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                     key_mask: jax.Array | None = None, causal: bool = False,
                     block_mask=None, block_size: int | None = None,
-                    interpret: bool | None = None) -> jax.Array:
+                    interpret: bool | None = None, block_q: int | None = None,
+                    block_kv: int | None = None,
+                    tiles: Tiles | Mapping | None = None) -> jax.Array:
   """`attention.flash_attention` (dense attention) on the splash kernel; `block_size` is the
-  xla path's block and is not used here (the kernel's tiles are `block_q`/`block_kv`)."""
+  xla path's block and is not used here (the kernel's tiles are `tiles`)."""
   del block_size
   if block_mask is not None:
     raise ValueError("the splash backend takes no block_mask for flash: use a block-sparse kind "
                      "(block_sparse) or implementation=xla.")
-  return dot_product_attention(q, k, v, causal=causal, key_mask=key_mask, interpret=interpret)
+  return dot_product_attention(q, k, v, causal=causal, key_mask=key_mask, interpret=interpret,
+                               block_q=block_q, block_kv=block_kv, tiles=tiles)
 
 
 def _global_slots(glob: jax.Array, num_slots: int) -> jax.Array:
@@ -198,7 +284,7 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
                    global_mask: jax.Array | None = None, key_mask: jax.Array | None = None,
                    block_size: int | None = None, max_global: int | None = None,
                    interpret: bool | None = None, block_q: int | None = None,
-                   block_kv: int | None = None) -> jax.Array:
+                   block_kv: int | None = None, tiles: Tiles | Mapping | None = None) -> jax.Array:
   """Longformer attention on the splash kernel; arguments as `attention.band.band_attention`
   (`block_size`, the xla compute block, is checked and ignored).
 
@@ -211,7 +297,7 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
   validation.check_token_mask("global_mask", global_mask, b_, length)
   if block_size is not None:
     validation.positive_int("block_size", block_size)
-  bq, bkv = _tiles(block_q, block_kv)
+  tiles = splash_tiles(tiles, block_q=block_q, block_kv=block_kv)
   if global_mask is not None and causal:
     raise ValueError(
         "the splash backend cannot run causal band attention with global tokens exactly (a "
@@ -219,22 +305,22 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
   num_global = validation.global_slots(global_mask, max_global)
   patterns = tuple(splash_masks.BandPattern(window, d, bool(causal)) for d in dilations)
   return _band(q, k, v, key_mask, global_mask if num_global else None, patterns=patterns,
-               num_global=num_global, bq=bq, bkv=bkv, interpret=_interpret(interpret))
+               num_global=num_global, tiles=tiles, interpret=_interpret(interpret))
 
 
-@functools.partial(jax.jit, static_argnames=("patterns", "num_global", "bq", "bkv",
+@functools.partial(jax.jit, static_argnames=("patterns", "num_global", "tiles",
                                              "interpret"))
-def _band(q, k, v, key_mask, global_mask, *, patterns, num_global, bq, bkv, interpret):
+def _band(q, k, v, key_mask, global_mask, *, patterns, num_global, tiles, interpret):
   b_, length = q.shape[:2]
   real = _real(key_mask, b_, length)
   if global_mask is None:
-    out = _run(q, k, v, real, patterns=patterns, bq=bq, bkv=bkv, interpret=interpret)
+    out = _run(q, k, v, real, patterns=patterns, tiles=tiles, interpret=interpret)
     return _finish(out, None if key_mask is None else real, q.dtype)
   glob = global_mask & real
   sel = _global_slots(glob, num_global)                               # [B, G, L]
   gather = lambda x: jnp.einsum("bgl,blhd->bghd", sel, x.astype(jnp.float32)).astype(x.dtype)
   slot_ok = jnp.sum(sel, axis=2) > 0                                  # [B, G]
-  out = _run(q, k, v, real & ~glob, patterns=patterns, bq=bq, bkv=bkv, interpret=interpret,
+  out = _run(q, k, v, real & ~glob, patterns=patterns, tiles=tiles, interpret=interpret,
              extra=(gather(k), gather(v), slot_ok))
   rows = _dense_rows(gather(q), k, v, real[:, None, None, :])         # [B, G, H, Dv]
   scattered = jnp.einsum("bgl,bghd->blhd", sel, rows)
@@ -246,12 +332,12 @@ def _band(q, k, v, key_mask, global_mask, *, patterns, num_global, bq, bkv, inte
 
 # --- Block patterns. ---
 
-@functools.partial(jax.jit, static_argnames=("patterns", "bq", "bkv", "interpret"))
-def _patterned(q, k, v, key_mask, keep, *, patterns, bq, bkv, interpret):
+@functools.partial(jax.jit, static_argnames=("patterns", "tiles", "interpret"))
+def _patterned(q, k, v, key_mask, keep, *, patterns, tiles, interpret):
   """Splash attention with one pattern per head; `keep [B, Lq(, H)]`: the rows to output
   (None: the real tokens, for self-attention)."""
   real = _real(key_mask, *k.shape[:2])
-  out = _run(q, k, v, real, patterns=patterns, bq=bq, bkv=bkv, interpret=interpret)
+  out = _run(q, k, v, real, patterns=patterns, tiles=tiles, interpret=interpret)
   if keep is None and key_mask is not None:
     keep = real
   return _finish(out, keep, q.dtype)
@@ -260,12 +346,13 @@ def _patterned(q, k, v, key_mask, keep, *, patterns, bq, bkv, interpret):
 def block_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
                           causal: bool = False, key_mask: jax.Array | None = None,
                           interpret: bool | None = None, block_q: int | None = None,
-                          block_kv: int | None = None) -> jax.Array:
+                          block_kv: int | None = None,
+                          tiles: Tiles | Mapping | None = None) -> jax.Array:
   """Contiguous-block local attention on the splash kernel (`masks.block_local_mask`)."""
   _, _, h = validation.check_self_qkv(q, k, v, key_mask)
   patterns = splash_masks.block_local_patterns(block_size, causal, h)
-  bq, bkv = _tiles(block_q, block_kv)
-  return _patterned(q, k, v, key_mask, None, patterns=patterns, bq=bq, bkv=bkv,
+  tiles = splash_tiles(tiles, block_q=block_q, block_kv=block_kv)
+  return _patterned(q, k, v, key_mask, None, patterns=patterns, tiles=tiles,
                     interpret=_interpret(interpret))
 
 
@@ -273,7 +360,8 @@ def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, 
                      summary_width: int | None = None, causal: bool = False,
                      key_mask: jax.Array | None = None, block_size: int | None = None,
                      num_summary_offsets: int | None = None, interpret: bool | None = None,
-                     block_q: int | None = None, block_kv: int | None = None) -> jax.Array:
+                     block_q: int | None = None, block_kv: int | None = None,
+                          tiles: Tiles | Mapping | None = None) -> jax.Array:
   """Sparse Transformer strided / fixed attention on the splash kernel; arguments as
   `attention.sparse_patterns.sparse_attention` (`block_size` is checked and ignored).
   Equal to `dot_product_attention` with `masks.strided_mask` / `masks.fixed_mask(...,
@@ -281,8 +369,8 @@ def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, 
   _, _, h = validation.check_self_qkv(q, k, v, key_mask)
   patterns = splash_masks.sparse_patterns(pattern, stride, summary_width, num_summary_offsets,
                                           block_size, causal, h)
-  bq, bkv = _tiles(block_q, block_kv)
-  return _patterned(q, k, v, key_mask, None, patterns=patterns, bq=bq, bkv=bkv,
+  tiles = splash_tiles(tiles, block_q=block_q, block_kv=block_kv)
+  return _patterned(q, k, v, key_mask, None, patterns=patterns, tiles=tiles,
                     interpret=_interpret(interpret))
 
 
@@ -290,7 +378,8 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: i
                       num_global_blocks: int = 2, num_random_blocks: int = 3, seed: int,
                       key_mask: jax.Array | None = None, random_blocks: str = "drawn",
                       interpret: bool | None = None, block_q: int | None = None,
-                      block_kv: int | None = None) -> jax.Array:
+                      block_kv: int | None = None,
+                      tiles: Tiles | Mapping | None = None) -> jax.Array:
   """BigBird ITC attention on the splash kernel; arguments as
   `attention.sparse_patterns.bigbird_attention` (drawn random blocks only). Equal to
   `dot_product_attention` with `masks.bigbird_mask(..., num_heads=H)`."""
@@ -298,8 +387,8 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: i
   _, length, h = validation.check_self_qkv(q, k, v, key_mask)
   patterns = splash_masks.bigbird_patterns(length, block_size, num_global_blocks,
                                            num_random_blocks, seed, h)
-  bq, bkv = _tiles(block_q, block_kv)
-  return _patterned(q, k, v, key_mask, None, patterns=patterns, bq=bq, bkv=bkv,
+  tiles = splash_tiles(tiles, block_q=block_q, block_kv=block_kv)
+  return _patterned(q, k, v, key_mask, None, patterns=patterns, tiles=tiles,
                     interpret=_interpret(interpret))
 
 
@@ -322,7 +411,8 @@ def _layout_keep(layout: np.ndarray, block: int, real: jax.Array, causal: bool) 
 def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, layout: np.ndarray,
                            block_size: int, causal: bool = False,
                            key_mask: jax.Array | None = None, interpret: bool | None = None,
-                           block_q: int | None = None, block_kv: int | None = None) -> jax.Array:
+                           block_q: int | None = None, block_kv: int | None = None,
+                          tiles: Tiles | Mapping | None = None) -> jax.Array:
   """Attention over a static block layout on the splash kernel; arguments as
   `attention.block_sparse.block_sparse_attention`. Equal to `dot_product_attention` with
   `masks.block_layout_mask(layout, block_size, L)` (and causal, key_mask); a query with no
@@ -341,16 +431,17 @@ def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, layout: 
         f"layout has shape {layout.shape}, but length {length} with block_size {block} has "
         f"ceil({length}/{block}) = {nb} blocks: pass a layout of shape {(nb, nb)} (or "
         f"{(h, nb, nb)}, one per head), or change block_size.")
-  bq, bkv = _tiles(block_q, block_kv)
+  tiles = splash_tiles(tiles, block_q=block_q, block_kv=block_kv)
   per_head = layout if layout.ndim == 3 else np.broadcast_to(layout, (h, nb, nb))
   patterns = splash_masks.layout_patterns(per_head, block, bool(causal))
   layout3 = layout if layout.ndim == 3 else layout[None]
   keep = _layout_keep(layout3, block, _real(key_mask, b_, length), bool(causal))
   if key_mask is not None:
     keep = keep & jnp.asarray(key_mask)[:, :, None]
-  return _patterned(q, k, v, key_mask, keep, patterns=patterns, bq=bq, bkv=bkv,
+  return _patterned(q, k, v, key_mask, keep, patterns=patterns, tiles=tiles,
                     interpret=_interpret(interpret))
 
 
-__all__ = ["band_attention", "bigbird_attention", "block_local_attention",
-           "block_sparse_attention", "dot_product_attention", "sparse_attention"]
+__all__ = ["DEFAULT_TILES", "TILE_FIELDS", "Tiles", "band_attention", "bigbird_attention",
+           "block_local_attention", "block_sparse_attention", "dot_product_attention",
+           "flash_attention", "sparse_attention", "splash_tiles"]

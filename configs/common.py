@@ -170,6 +170,11 @@ def model_defaults() -> ml_collections.ConfigDict:
   # arguments}); layer_attention optionally holds one dict per layer updating it.
   m.attention = ml_collections.ConfigDict({"kind": "dot_product"}, type_safe=False)
   m.layer_attention = ()
+  # The TPU splash kernel's tiles (attention.splash.Tiles, used when a layer's backend is
+  # splash): forward, dK/dV, their compute sub-tiles, and the fused backward. MaxText's defaults.
+  m.splash = ml_collections.ConfigDict(dict(
+      block_q=512, block_kv=512, block_kv_compute=512, block_q_dkv=512, block_kv_dkv=512,
+      block_kv_dkv_compute=512, use_fused_bwd_kernel=False))
   return m
 
 

@@ -449,6 +449,15 @@ def _check_init_from_hf(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.init_from_hf: {e}") from None
 
 
+def _check_splash(tiles: Any) -> None:
+  """config.model.splash: the TPU splash kernel's tiles (`attention.splash.Tiles`)."""
+  from attention import splash    # jax: imported only when a config has the field
+  try:
+    splash.splash_tiles(dict(tiles))
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.model.splash.{e}") from None
+
+
 def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
   """Raises ValueError (one line, prefixed by `context`) at the first invalid value."""
   try:
@@ -460,6 +469,8 @@ def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
       _check_heads(model)
       _check_order(model)
       _check_positions(model)
+      if "splash" in model:
+        _check_splash(model.splash)
       if "attention" in model:
         check_attention(model.attention, "config.model.attention")
         _check_layer_attention(model)

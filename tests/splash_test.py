@@ -6,12 +6,14 @@ kernels (Pallas interpret mode on the CPU) are compared with `dot_product_attent
 kind's mask, outputs and gradients.
 """
 
+import dataclasses
 import time
 import tracemalloc
 import zlib
 
 import chex
 import jax
+import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -412,3 +414,91 @@ def test_block_sparse_layout_shape_is_checked():
   q = jnp.zeros((1, 16, 1, 4))
   with pytest.raises(ValueError, match="ceil"):
     splash.block_sparse_attention(q, q, q, layout=np.ones((3, 3), bool), block_size=4)
+
+
+# --- Tiles (splash's BlockSizes) as parameters. ---
+
+# Tiles smaller than the sequence, forward and dK/dV tiles different, compute sub-tiles below
+# their tiles: several grid steps per row, the dK/dV MaskInfo built at its own tiles.
+SPLIT_TILES = dict(block_q=128, block_kv=256, block_kv_compute=128, block_q_dkv=256,
+                   block_kv_dkv=128, block_kv_dkv_compute=128)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_band_with_split_tiles(fused):
+  length, h, window, dilation = 260, 2, 70, (1, 2)       # not a multiple of any tile
+  rng = _rng("tiles", fused)
+  q, k, v, ct = _inputs(rng, 2, length, h, 8)
+  key_mask = _key_mask(rng, 2, length)
+  glob = jnp.asarray(rng.random((2, length)) < 0.05)
+  mask = masks.longformer_mask(length, window=window, dilation=dilation, global_mask=glob,
+                               key_mask=key_mask, num_heads=h)
+  tiles = dict(SPLIT_TILES, use_fused_bwd_kernel=fused)
+  fast = lambda q, k, v: splash.band_attention(q, k, v, window=window, dilation=dilation,
+                                               global_mask=glob, key_mask=key_mask, tiles=tiles)
+  _check(fast, mask, q, k, v, ct, key_mask)
+
+
+def test_causal_dense_with_split_tiles():
+  rng = _rng("tiles-dense")
+  q, k, v, ct = _inputs(rng, 1, 260, 1, 8)
+  fast = lambda q, k, v: splash.dot_product_attention(
+      q, k, v, causal=True, tiles=dict(SPLIT_TILES, use_fused_bwd_kernel=True))
+  _check(fast, None, q, k, v, ct, None, causal=True)
+
+
+def test_tiles_reach_the_kernel():
+  t = splash.splash_tiles(dict(SPLIT_TILES, use_fused_bwd_kernel=False))
+  sizes = t.block_sizes()
+  for name, value in SPLIT_TILES.items():
+    assert getattr(sizes, name) == value, name
+  assert (sizes.block_q_dq, sizes.block_kv_dq, sizes.use_fused_bwd_kernel) == (128, 256, False)
+  fused = splash.splash_tiles(dict(SPLIT_TILES, use_fused_bwd_kernel=True))
+  assert fused.block_sizes().use_fused_bwd_kernel and fused.block_sizes().block_q_dq is None
+  patterns = (BandPattern(70, 1),)
+  kernel = splash._kernel(patterns, 512, 512, 512, fused, True)
+  assert kernel.dq_mask_info is None
+  want = splash_masks.mask_infos(patterns, 512, 512, 512, 256, 128, False)[1]   # not shrunk
+  np.testing.assert_array_equal(kernel.dkv_mask_info.block_mask, want.block_mask)
+  kernel = splash._kernel(patterns, 512, 512, 512, t, True)
+  np.testing.assert_array_equal(kernel.dq_mask_info.block_mask, kernel.fwd_mask_info.block_mask)
+
+
+def test_tile_defaults_and_fit():
+  t = splash.splash_tiles()
+  assert dataclasses.asdict(t) == splash.DEFAULT_TILES
+  assert splash.splash_tiles(block_q=256).block_q == 256
+  small = t.fit(37, 300)                                 # cut to the lane-padded lengths
+  assert (small.block_q, small.block_kv, small.block_kv_compute) == (128, 384, 384)
+  assert (small.block_q_dkv, small.block_kv_dkv) == (128, 384)
+  odd = splash.Tiles(block_kv=512, block_kv_compute=256).fit(128, 300)
+  assert (odd.block_kv, odd.block_kv_compute) == (384, 384)   # 256 does not divide 384
+  assert splash.Tiles(block_kv=512, block_kv_compute=256).fit(128, 600).block_kv_compute == 256
+
+
+@pytest.mark.parametrize("config,match", [
+    (dict(block_q=100), "block_q must be a multiple of 128.*pass 128"),
+    (dict(block_kv_dkv=0), "block_kv_dkv must be a positive multiple"),
+    (dict(block_kv_compute=True), "block_kv_compute must be a positive multiple"),
+    (dict(block_kv=256, block_kv_compute=384), "block_kv_compute = 384 must divide block_kv"),
+    (dict(block_kv_dkv=384, block_kv_dkv_compute=256), "block_kv_dkv_compute = 256 must div"),
+    (dict(use_fused_bwd_kernel="yes"), "use_fused_bwd_kernel must be True or False"),
+    (dict(block_q_dq=128), "block_q_dq is not a splash tile field; valid: block_q"),
+])
+def test_bad_tiles_are_refused_in_one_line(config, match):
+  with pytest.raises(ValueError, match=match) as info:
+    splash.splash_tiles(config)
+  assert "\n" not in str(info.value)
+
+
+def test_config_tiles_are_the_defaults_and_checked():
+  from configs import common
+  from lra import schema
+  config = ml_collections.ConfigDict(dict(model=common.model_defaults()))
+  assert dict(config.model.splash) == splash.DEFAULT_TILES
+  schema.check(config)
+  assert splash.splash_tiles(config.model.splash) == splash.Tiles()
+  config.model.splash.block_kv_compute = 384
+  with pytest.raises(ValueError, match=r"^config\.model\.splash\.block_kv_compute = 384 must "
+                                       r"divide block_kv = 512"):
+    schema.check(config)
