@@ -2,24 +2,25 @@
 
 A tiny ListOps run is started through the console command's own entry point
 (`launch/entry.py`) with the compile cache off, so that its preflight compiles; a signal is sent
-at a chosen moment: while Python imports the command, at 1.5 s and at 4 s (the imports, then
-the preflight's compiles on this machine), twice in a row, and SIGTERM once and twice (timed
-from the end of the imports, which a busy machine can stretch past the signal) and during the
-imports. Each must end with one
-`error: ` line on stderr and exit status 130, no traceback and no abort (a KeyboardInterrupt used
-to land in jax's gc callback, where it was lost and the run trained to the end, or to abort the
-interpreter while a compile thread was inside XLA), and write nothing into the workdir. A rerun
-afterwards trains exactly as a run that was never interrupted.
+at a chosen moment, each marked by a line the process prints as it gets there (never a fixed
+clock, which a busy machine stretches): while Python imports the command, once the command's
+modules are imported (its checks), while the preflight compiles (its `Preflight: compiling`
+line), and twice in a row: the second once the first one's message is out, while the run waits
+after its preflight, where it cannot yet have reached the stage that ends it. Each must end
+with one `error: ` line on stderr and exit status 130, no traceback and no abort (a
+KeyboardInterrupt used to land in jax's gc callback, where it was lost and the run trained to
+the end, or to abort the interpreter while a compile thread was inside XLA), and write nothing
+into the workdir. A rerun afterwards trains exactly as a run that was never interrupted.
 """
-
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from lra.signals import signal_label
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,36 +36,98 @@ TINY = ["--config.data.num_train=64", "--config.data.num_val=16", "--config.data
 
 
 IMPORTED = "(the command's modules are imported)"
+IMPORTING = "(importing the command)"
+HELD = "(the preflight is done; waiting)"
+COMPILING = "Preflight: compiling"   # the run's own line as its preflight starts to compile
 
-# The entry point, started after the command's modules are imported and a line says so: the
-# offsets of the signals of the cases timed `after_imports` count from that line, so that they
-# land in the run's start-up (StartUp), not in the imports, however busy the machine is.
-AFTER_IMPORTS = ("import sys; import launch.cli; from launch import entry; "
-                 f"print({IMPORTED!r}, flush=True); sys.exit(entry.main())")
+# The entry point with the moments the tests signal at marked by a line on stdout (the run's
+# own lines mark the others): IMPORTING as `launch.entry` starts to import the command, which
+# then waits there for the signal; IMPORTED once the command's modules are imported, as the
+# command starts (inside entry.main, which handles a Ctrl-C there); HELD after
+# the preflight, where the run then waits for a line on stdin, so that a first signal's stop is
+# still pending (the run ends on it only at its next stage) when the second one is sent.
+WRAPPER = f"""
+import builtins, sys, time
+IMPORTING, IMPORTED, HELD = {IMPORTING!r}, {IMPORTED!r}, {HELD!r}
+moment = sys.argv.pop(1)
+from launch import entry
+if moment == "imports":
+  real_import = builtins.__import__
+  def importing(name, globals=None, locals=None, fromlist=(), level=0):
+    if name == "launch" and fromlist and "cli" in fromlist:
+      print(IMPORTING, flush=True)
+      time.sleep(120)   # the test's signal ends this
+    return real_import(name, globals, locals, fromlist, level)
+  builtins.__import__ = importing
+else:
+  from launch import cli, train
+  command = cli.main
+  def main():   # within entry.main's handling of Ctrl-C, like the command itself
+    print(IMPORTED, flush=True)
+    return command()
+  cli.main = main
+  if moment == "held":
+    preflight = train.run_preflight
+    def held(*args, **kwargs):
+      result = preflight(*args, **kwargs)
+      print(HELD, flush=True)
+      sys.stdin.readline()
+      return result
+    train.run_preflight = held
+sys.exit(entry.main())
+"""
 
 
-def start(workdir: str, data_dir: str, after_imports: bool = False) -> subprocess.Popen:
+def start(workdir: str, data_dir: str, moment: str | None = None) -> subprocess.Popen:
+  """`lra run` of the tiny config; through WRAPPER with its `moment` (imports, imported,
+  held) unless None."""
   env = {**os.environ, "LRA_DATA": data_dir, "JAX_PLATFORMS": "cpu"}
   env.pop("LRA_DISTRIBUTED", None)
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)   # nor the suite's (tests/conftest.py): it compiles
   args = ["run", "listops", "--size", "small", "--workdir", workdir, "--no_compile_cache", *TINY]
-  command = ["-c", AFTER_IMPORTS] if after_imports else ["-m", "launch.entry"]
+  command = ["-m", "launch.entry"] if moment is None else ["-c", WRAPPER, moment]
   return subprocess.Popen([sys.executable, *command, *args], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
 
 
-def interrupted(workdir: str, data_dir: str, signals: list[tuple[float, int]],
-                after_imports: bool = False):
-  """Starts the run, sends each (seconds after the start, or after the imports, signal);
-  (exit status, out, err)."""
-  proc = start(workdir, data_dir, after_imports)
-  if after_imports:
-    assert proc.stdout.readline().strip() == IMPORTED
-  t0 = time.monotonic()
-  for at, signum in signals:
-    time.sleep(max(0.0, at - (time.monotonic() - t0)))
-    proc.send_signal(signum)
-  out, err = proc.communicate(timeout=300)
-  return proc.returncode, out, err
+def read_until(proc: subprocess.Popen, prefix: str, lines: list[str]) -> None:
+  """Reads the process's stdout into `lines` up to a line that starts with `prefix` (after
+  the leading newline of a signal's message)."""
+  while True:
+    line = proc.stdout.readline()
+    assert line, f"the run ended before printing {prefix!r}: {''.join(lines)}"
+    lines.append(line)
+    if line.strip().startswith(prefix):
+      return
+
+
+# How each case reaches its moment: the WRAPPER moment it starts with, the line it waits for
+# before its first signal, and whether a second signal follows once the first one's message
+# (`SIGNAL: stopping before training starts`) is out.
+MOMENTS = {"imports": ("imports", IMPORTING), "imported": ("imported", IMPORTED),
+           "compiling": (None, COMPILING), "held": ("held", HELD)}
+
+
+def interrupted(workdir: str, data_dir: str, at: str, signals: list[int]):
+  """Starts the run, sends the first of `signals` at the moment `at` (MOMENTS), each later one
+  once the run's message about the first is out; (exit status, out, err). A run left waiting
+  after its preflight (`held`) is let go once the signals are sent."""
+  moment, line = MOMENTS[at]
+  proc = start(workdir, data_dir, moment)
+  lines: list[str] = []
+  try:
+    read_until(proc, line, lines)
+    proc.send_signal(signals[0])
+    for signum in signals[1:]:
+      read_until(proc, f"{signal_label(signals[0])}:", lines)
+      proc.send_signal(signum)
+    out, err = proc.communicate("go\n" if moment == "held" else None, timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  return proc.returncode, "".join(lines) + out, err
 
 
 def train_records(workdir: str) -> list[tuple[int, float]]:
@@ -88,25 +151,29 @@ def uninterrupted(tmp_path_factory, data_dir):
     return train_records(workdir), json.load(f)
 
 
+STOPPED = ("error: interrupted by {} before training started; nothing was trained: rerun the "
+           "same command to start.")
+TWICE = ("error: interrupted twice before training started; nothing was trained: rerun the same "
+         "command to start.")
+# case: (moment, signals, the one line on stderr). SIGTERM before `lra run`'s first line (after
+# the imports) has its default action, so the SIGTERM cases start in the preflight.
 CASES = {
-    "imports": ([(0.15, signal.SIGINT)], "error: interrupted"),
-    "1.5s": ([(1.5, signal.SIGINT)], "error: interrupted"),
-    "4s": ([(4.0, signal.SIGINT)], "error: interrupted"),
-    "twice": ([(2.0, signal.SIGINT), (2.4, signal.SIGINT)], "error: interrupted"),
-    "sigterm": ([(1.0, signal.SIGTERM)], "error: interrupted by SIGTERM before training "
-                "started; nothing was trained: rerun the same command to start."),
-    "sigterm twice": ([(1.0, signal.SIGTERM), (1.4, signal.SIGTERM)],
-                      "error: interrupted twice before training started"),
+    "imports": ("imports", [signal.SIGINT], "error: interrupted (Ctrl-C)."),
+    # Ctrl-C before `lra run` holds it ends in entry.py's line, after it in the run's
+    "checks": ("imported", [signal.SIGINT], "error: interrupted"),
+    "compiling": ("compiling", [signal.SIGINT], STOPPED.format("Ctrl-C")),
+    "twice": ("held", [signal.SIGINT, signal.SIGINT], TWICE),
+    "sigterm": ("compiling", [signal.SIGTERM], STOPPED.format("SIGTERM")),
+    "sigterm twice": ("held", [signal.SIGTERM, signal.SIGTERM], TWICE),
 }
-AFTER_IMPORTS_CASES = {"sigterm", "sigterm twice"}   # SIGINT is held from the first line on
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_signal_during_start_up_is_one_line_exit_130_and_writes_nothing(case, tmp_path,
                                                                           data_dir):
-  signals, line = CASES[case]
+  at, signals, line = CASES[case]
   workdir = str(tmp_path / "run")
-  status, out, err = interrupted(workdir, data_dir, signals, case in AFTER_IMPORTS_CASES)
+  status, out, err = interrupted(workdir, data_dir, at, signals)
   assert status == 130, (out, err)
   assert err.count("\n") == 1 and err.startswith(line), err
   assert "Traceback" not in out + err and "terminate called" not in err
@@ -117,7 +184,7 @@ def test_a_signal_during_start_up_is_one_line_exit_130_and_writes_nothing(case, 
 def test_the_rerun_after_an_interrupted_start_up_equals_an_uninterrupted_run(tmp_path, data_dir,
                                                                              uninterrupted):
   workdir = str(tmp_path / "run")
-  status, _, err = interrupted(workdir, data_dir, [(4.0, signal.SIGINT)])
+  status, _, err = interrupted(workdir, data_dir, "compiling", [signal.SIGINT])
   assert status == 130, err
   proc = start(workdir, data_dir)
   out, err = proc.communicate(timeout=300)
