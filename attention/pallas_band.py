@@ -19,8 +19,9 @@ Forward kernel, grid (N, Lp / block_q). Program (n, i) keeps its `block_q` queri
 and runs the online softmax (float32 running max, sum and output accumulator, whatever the input
 dtype) over the key blocks of `block_k` keys that intersect the window of the query block, key
 blocks lo..hi computed from the program id: about (block_q + 2w) / block_k blocks, never the
-whole sequence. Inside a key block the exact band is a relative-position test and a per-key
-validity vector removes padding, the sequence end and the global keys. The G global keys of the
+whole sequence. Inside a key block at the edge of the band the exact band is a relative-position
+test; in every key block a per-key validity vector removes padding, the sequence end and the
+global keys. The G global keys of the
 batch row are gathered outside into static slots (`max_global`, padded to a power of two) and
 given to the kernel as one extra key block; each slot carries its position in the residue class
 coordinates (the first class position at or after it), so the causal rule for globals is one
@@ -29,9 +30,11 @@ outside the kernel, scattered over the kernel's rows, as band.py does.
 
 Backward (custom_vjp, FlashAttention-2 recipe): the forward saves only its output and the
 log-sum-exp per query; the backward recomputes the probabilities from q, k and that log-sum-exp.
-Three kernels: dq per query block (the same key-block range as the forward, plus the global
-block), dk/dv per key block over the query blocks whose window reaches it, and dk/dv of the
-global slots, one program per row n looping over all query blocks. No `[L, L]` array exists
+Two kernels: dq per query block (the same key-block range as the forward, plus the global
+block, whose dk/dv share it writes for the wrapper to sum over the query blocks in float32),
+and dk/dv per key block over the query blocks whose window reaches it. In every kernel only the
+blocks at the edges of the band apply the band test; the blocks wholly inside it apply only the
+key validity (`attention.pallas_band_kernel` says why that is exact). No `[L, L]` array exists
 anywhere, in either pass.
 
 On a machine without a GPU the kernels run through Pallas's interpreter (`interpret=None` picks
@@ -49,12 +52,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention import pallas_band_kernel as kernel
-from attention import validation
+from attention import pallas_online, validation
 from attention.dot_product import dot_product_attention
 
 # Smallest matmul side (and block) Triton takes; every block shape is a power of two.
 MIN_TILE = 16
-DEFAULT_BLOCK = 64
 
 
 _pow2 = validation.pow2_at_least
@@ -86,11 +88,12 @@ def _runs(values: Sequence[int]) -> list[tuple[int, int]]:
 
 
 @functools.partial(jax.jit, static_argnames=("window", "dilations", "causal", "block_q",
-                                             "block_k", "num_global", "interpret"))
+                                             "block_k", "num_warps", "num_stages", "num_global",
+                                             "interpret"))
 def _pallas_band(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None,
                  global_mask: jax.Array | None, *, window: int, dilations: tuple[int, ...],
-                 causal: bool, block_q: int, block_k: int, num_global: int,
-                 interpret: bool) -> jax.Array:
+                 causal: bool, block_q: int, block_k: int, num_warps: int, num_stages: int,
+                 num_global: int, interpret: bool) -> jax.Array:
   b_, length, h, d = q.shape
   dv = v.shape[-1]
   dp, dvp = max(MIN_TILE, _pow2(d)), max(MIN_TILE, _pow2(dv))
@@ -116,7 +119,8 @@ def _pallas_band(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array |
     bk = min(block_k, max(MIN_TILE, _pow2(class_len)))
     padded = -(-class_len // max(bq, bk)) * max(bq, bk)
     cfg = kernel.Tiles(window=window, causal=causal, block_q=bq, block_k=bk,
-                       scale=1.0 / math.sqrt(d), interpret=interpret)
+                       scale=1.0 / math.sqrt(d), interpret=interpret, num_warps=num_warps,
+                       num_stages=num_stages)
     classes = functools.partial(_to_classes, dilation=dilation, padded=padded)
     ok = classes(band_keys[:, :, None, None].astype(jnp.int32), width=1)[:, :, :, 0, 0]
     kg = vg = gpos = None
@@ -159,7 +163,8 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
                    global_mask: jax.Array | None = None, key_mask: jax.Array | None = None,
                    block_size: int | None = None, max_global: int | None = None,
                    interpret: bool | None = None, block_q: int | None = None,
-                   block_k: int | None = None) -> jax.Array:
+                   block_k: int | None = None, num_warps: int | None = None,
+                   num_stages: int | None = None) -> jax.Array:
   """Longformer attention through the Pallas kernel: `attention.band.band_attention`'s interface.
 
   Args:
@@ -178,8 +183,11 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
       jit, a row with more global tokens than `max_global` outputs NaN.
     interpret: run the kernels in Pallas's interpreter; None: when the default backend is not
       a GPU.
-    block_q, block_k: queries per program and keys per inner step (powers of two >= 16;
-      default 64, reduced to fit short sequences).
+    block_q, block_k: queries per program and keys per inner step (powers of two >= 16,
+      reduced to fit short sequences); None: `block_size` when given, else the entry of
+      `attention.pallas_online.TILE_TABLE` for the dtype and head dimension.
+    num_warps, num_stages: the Triton launch's warps per program (a power of two <= 32) and
+      pipelining stages (1 to 8); None: `TILE_TABLE`'s entry. No effect in interpret mode.
 
   Returns:
     `[B, L, H, Dv]` in q's dtype, equal to `dot_product_attention` with
@@ -195,12 +203,15 @@ def band_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, window: int,
         or block_size < 1:
       raise ValueError(f"block_size must be a positive int or None, got {block_size!r}.")
     block_size = max(MIN_TILE, _pow2(block_size))
-  default = DEFAULT_BLOCK if block_size is None else block_size
-  block_q = validation.tile_side("block_q", block_q, MIN_TILE) or default
-  block_k = validation.tile_side("block_k", block_k, MIN_TILE) or default
+    block_q = block_size if block_q is None else block_q
+    block_k = block_size if block_k is None else block_k
+  block_q, block_k, num_warps, num_stages = pallas_online.launch_settings(
+      max(MIN_TILE, _pow2(q.shape[-1])), q.dtype, block_q, block_k, num_warps, num_stages,
+      MIN_TILE)
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
   num_global = validation.global_slots(global_mask, max_global)
   return _pallas_band(q, k, v, key_mask, global_mask if num_global else None, window=window,
                       dilations=dilations, causal=bool(causal), block_q=block_q,
-                      block_k=block_k, num_global=num_global, interpret=bool(interpret))
+                      block_k=block_k, num_warps=num_warps, num_stages=num_stages,
+                      num_global=num_global, interpret=bool(interpret))

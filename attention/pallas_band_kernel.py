@@ -1,4 +1,5 @@
-"""The Pallas kernels of `attention.pallas_band`: forward, dq, dk/dv and global dk/dv.
+"""The Pallas kernels of `attention.pallas_band`: forward, dq (with the global slots' dk/dv) and
+dk/dv.
 
 Layout (no transposes). A run of h heads sharing a dilation d is seen as a 5-D array
 `[B, Lp, d, h, D]`, a free reshape of `[B, Lp * d, h, D]`: position p = t * d + r sits at class
@@ -11,9 +12,33 @@ v, the output and every gradient stay in the caller's `[B, L, H, D]` order. Per-
 Grids: forward and dq (N, Lp / block_q), each program looping over the key blocks that
 intersect the window of its query block (`key_blocks`) and then the global slots as one extra
 key block; dk/dv (N, Lp / block_k), each program looping over the query blocks whose window
-reaches its key block (`query_blocks`); global dk/dv (N,), one program per row looping over all
-query blocks. Softmax statistics and accumulators are float32; matmul operands keep the input
-dtype (bfloat16 stays bfloat16 on the tensor cores). Every block is a power of two >= 16.
+reaches its key block (`query_blocks`). The global slots' dk/dv come out of the dq kernel: its
+program (n, i) has the probabilities p and score gradients ds of its queries against the global
+block at hand (it needs them for dq), so it also writes its share ds^T q, p^T do `[G, D]` of
+that block's dk, dv, float32, into `[N, Lp / block_q, G, D]`, and the wrapper sums the shares
+over the query blocks in float32: no serial loop over a row, no recomputed matmul.
+
+Loops: the key blocks [lo, hi) of a query block are three `fori_loop`s, [lo, a) and [b, hi)
+with the band test (a relative-position comparison per pair) and [a, b) without it; [a, b) are
+the blocks wholly inside the band of every query of the block (`key_blocks`: key block j is in
+when first + block_q - 1 - j * block_k <= window and j * block_k + block_k - 1 - first <= right,
+first = i * block_q, the nearest and farthest pairs of the tile). For a window of 256 and
+blocks of 64, 7 of a row's 9 key blocks are inside. Why it is exact: on a block of [a, b) every
+pair passes the band test, so the test is the constant True there and leaving it out changes
+nothing; what is still applied there is the per-key validity (padding, the sequence end, the
+global keys removed from the band, one select by a `[1, block_k]` vector), so padding and
+global keys are exact wherever they sit. A query with a valid key in such a block has an
+allowed key, so its log-sum-exp is finite and the backward's exp(s - lse) is the probability.
+Causality is the band with right = 0 and dilation is the residue-class layout above, so both
+move only the bounds. The order of the blocks in the online softmax does not change the result
+beyond rounding. dk/dv splits its query blocks the same way (`query_blocks`, the transpose).
+The bounds are the ceil and floor of the two inequalities, clipped so that lo <= a <= b <= hi;
+tests/pallas_band_test.py checks them against every tile of a brute-force band.
+
+Softmax statistics and accumulators are float32; matmul operands keep the input dtype (bfloat16
+stays bfloat16 on the tensor cores). Every block is a power of two >= 16. Block sizes and the
+Triton launch (`Tiles.num_warps`, `Tiles.num_stages`) are set by the caller
+(`attention.pallas_band.band_attention`; defaults in `attention.pallas_online.TILE_TABLE`).
 """
 
 from __future__ import annotations
@@ -44,6 +69,8 @@ class Tiles:
   block_k: int
   scale: float
   interpret: bool
+  num_warps: int = 4
+  num_stages: int = 2
 
   @property
   def right(self) -> int:
@@ -57,26 +84,60 @@ def _band_allowed(t: jax.Array, s: jax.Array, ok: jax.Array, cfg: Tiles) -> jax.
   return (rel <= cfg.window) & (rel >= -cfg.right) & (ok[None, :] != 0)
 
 
+def _valid_keys(ok: jax.Array) -> jax.Array:
+  """[1, bk] bool: the valid keys of a block wholly inside the band (no band test needed)."""
+  return ok[None, :] != 0
+
+
 def _global_allowed(t: jax.Array, gpos: jax.Array, cfg: Tiles) -> jax.Array:
   """[bq, G] bool: the global slots each query sees (empty slots sit at FAR)."""
   limit = t[:, None] if cfg.causal else FAR - 1
   return gpos[None, :] <= limit
 
 
-def key_blocks(i: jax.Array, cfg: Tiles, num_k: int) -> tuple[jax.Array, jax.Array]:
-  """Key blocks [lo, hi) that intersect the window of query block i."""
-  first = i * cfg.block_q
-  lo = lax.div(jnp.maximum(first - cfg.window, 0), cfg.block_k)
-  hi = jnp.minimum(lax.div(first + cfg.block_q - 1 + cfg.right, cfg.block_k) + 1, num_k)
-  return lo, hi
+def _inside(lo: jax.Array, hi: jax.Array, need: jax.Array, top: jax.Array,
+            block: int) -> tuple[jax.Array, jax.Array]:
+  """The blocks [a, b) of [lo, hi) with first element m * block in [need, top] (need and top may
+  be negative; lo >= 0): ceil(need / block) and floor(top / block) + 1, clipped so that
+  lo <= a <= b <= hi."""
+  a = jnp.clip(lax.div(jnp.maximum(need, 0) + block - 1, block), lo, hi)
+  b = jnp.clip(lax.div(jnp.maximum(top + block, 0), block), a, hi)
+  return a, b
 
 
-def query_blocks(j: jax.Array, cfg: Tiles, num_q: int) -> tuple[jax.Array, jax.Array]:
-  """Query blocks [lo, hi) whose window reaches key block j."""
-  first = j * cfg.block_k
-  lo = lax.div(jnp.maximum(first - cfg.right, 0), cfg.block_q)
-  hi = jnp.minimum(lax.div(first + cfg.block_k - 1 + cfg.window, cfg.block_q) + 1, num_q)
-  return lo, hi
+def key_blocks(i: jax.Array, cfg: Tiles,
+               num_k: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Key blocks of query block i: [lo, hi) intersect its window, and [a, b) (lo <= a <= b <= hi)
+  lie wholly inside the band of every query of the block."""
+  bq, bk = cfg.block_q, cfg.block_k
+  first = i * bq
+  lo = lax.div(jnp.maximum(first - cfg.window, 0), bk)
+  hi = jnp.minimum(lax.div(first + bq - 1 + cfg.right, bk) + 1, num_k)
+  # Key block j is inside when its nearest key is within `window` of the last query
+  # (first + bq - 1 - j * bk <= window) and its farthest within `right` of the first.
+  a, b = _inside(lo, hi, first + bq - 1 - cfg.window, first + cfg.right + 1 - bk, bk)
+  return lo, a, b, hi
+
+
+def query_blocks(j: jax.Array, cfg: Tiles,
+                 num_q: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Query blocks of key block j: [lo, hi) have a query whose window reaches it, and [a, b)
+  (lo <= a <= b <= hi) see all of it from every query (the transpose of `key_blocks`)."""
+  bq, bk = cfg.block_q, cfg.block_k
+  first = j * bk
+  lo = lax.div(jnp.maximum(first - cfg.right, 0), bq)
+  hi = jnp.minimum(lax.div(first + bk - 1 + cfg.window, bq) + 1, num_q)
+  a, b = _inside(lo, hi, first + bk - 1 - cfg.right, first + cfg.window + 1 - bq, bq)
+  return lo, a, b, hi
+
+
+def _three_loops(bounds, body, carry):
+  """`body(j, carry, masked)` over the edge blocks [lo, a) and [b, hi) with the band test and
+  over the inside blocks [a, b) without it."""
+  lo, a, b, hi = bounds
+  carry = lax.fori_loop(lo, a, functools.partial(body, masked=True), carry)
+  carry = lax.fori_loop(a, b, functools.partial(body, masked=False), carry)
+  return lax.fori_loop(b, hi, functools.partial(body, masked=True), carry)
 
 
 def _forward_kernel(*refs, cfg: Tiles, has_global: bool):
@@ -89,17 +150,16 @@ def _forward_kernel(*refs, cfg: Tiles, has_global: bool):
   q = q_ref[...]
   t = i * bq + jnp.arange(bq)
 
-  def body(j, carry):
-    keys = pl.ds(j * bk, bk)
-    k = k_ref[keys, :]
-    scores = _dot(q, k, (1, 1)) * cfg.scale
-    allowed = _band_allowed(t, j * bk + jnp.arange(bk), ok_ref[keys], cfg)
+  def body(j, carry, masked):
+    keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
+    scores = _dot(q, k_ref[keys, :], (1, 1)) * cfg.scale
+    ok = ok_ref[keys]
+    allowed = _band_allowed(t, j * bk + jnp.arange(bk), ok, cfg) if masked else _valid_keys(ok)
     return _softmax_step(carry, scores, allowed, v_ref[keys, :])
 
   carry = (jnp.zeros((bq, o_ref.shape[-1]), jnp.float32),
            jnp.full((bq,), NEG_INF, jnp.float32), jnp.zeros((bq,), jnp.float32))
-  lo, hi = key_blocks(i, cfg, k_ref.shape[0] // bk)
-  carry = lax.fori_loop(lo, hi, body, carry)
+  carry = _three_loops(key_blocks(i, cfg, k_ref.shape[0] // bk), body, carry)
   if has_global:
     scores = _dot(q, kg_ref[...].astype(q.dtype), (1, 1)) * cfg.scale
     allowed = _global_allowed(t, gpos_ref[...], cfg)
@@ -108,9 +168,11 @@ def _forward_kernel(*refs, cfg: Tiles, has_global: bool):
 
 
 def _dq_kernel(*refs, cfg: Tiles, has_global: bool):
+  """dq of a query block; with globals also this block's share of the global slots' dk and dv
+  (its probabilities and score gradients of the global block are at hand: no recomputation)."""
   if has_global:
     q_ref, k_ref, v_ref, ok_ref, kg_ref, vg_ref, gpos_ref, do_ref, lse_ref, delta_ref, \
-        dq_ref = refs
+        dq_ref, dkg_ref, dvg_ref = refs
   else:
     q_ref, k_ref, v_ref, ok_ref, do_ref, lse_ref, delta_ref, dq_ref = refs
   bq, bk = cfg.block_q, cfg.block_k
@@ -118,21 +180,24 @@ def _dq_kernel(*refs, cfg: Tiles, has_global: bool):
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
   t = i * bq + jnp.arange(bq)
 
-  def body(j, dq):
-    keys = pl.ds(j * bk, bk)
+  def body(j, dq, masked):
+    keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
     k = k_ref[keys, :]
-    allowed = _band_allowed(t, j * bk + jnp.arange(bk), ok_ref[keys], cfg)
+    ok = ok_ref[keys]
+    allowed = _band_allowed(t, j * bk + jnp.arange(bk), ok, cfg) if masked else _valid_keys(ok)
     _, ds = _probs_and_dscores(q, k, v_ref[keys, :], do, lse, delta, allowed, cfg)
     return dq + _dot(ds.astype(k.dtype), k, (1, 0))
 
-  lo, hi = key_blocks(i, cfg, k_ref.shape[0] // bk)
-  dq = lax.fori_loop(lo, hi, body, jnp.zeros(dq_ref.shape, jnp.float32))
+  dq = _three_loops(key_blocks(i, cfg, k_ref.shape[0] // bk), body,
+                    jnp.zeros(dq_ref.shape, jnp.float32))
   if has_global:
     kg = kg_ref[...].astype(q.dtype)
     allowed = _global_allowed(t, gpos_ref[...], cfg)
-    _, ds = _probs_and_dscores(q, kg, vg_ref[...].astype(do.dtype), do, lse, delta, allowed,
+    p, ds = _probs_and_dscores(q, kg, vg_ref[...].astype(do.dtype), do, lse, delta, allowed,
                                cfg)
     dq = dq + _dot(ds.astype(kg.dtype), kg, (1, 0))
+    dkg_ref[...] = _dot(ds.astype(q.dtype), q, (0, 0))
+    dvg_ref[...] = _dot(p.astype(do.dtype), do, (0, 0))
   dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
@@ -142,42 +207,21 @@ def _dkv_kernel(q_ref, k_ref, v_ref, ok_ref, do_ref, lse_ref, delta_ref, dk_ref,
   j = pl.program_id(1)
   k, v, ok = k_ref[...], v_ref[...], ok_ref[...]
   s = j * bk + jnp.arange(bk)
+  inside = _valid_keys(ok)
 
-  def body(i, carry):
+  def body(i, carry, masked):
     dk, dv = carry
-    rows = pl.ds(i * bq, bq)
+    rows = pl.ds(pl.multiple_of(i * bq, bq), bq)
     q, do = q_ref[rows, :], do_ref[rows, :]
-    allowed = _band_allowed(i * bq + jnp.arange(bq), s, ok, cfg)
+    allowed = _band_allowed(i * bq + jnp.arange(bq), s, ok, cfg) if masked else inside
     p, ds = _probs_and_dscores(q, k, v, do, lse_ref[rows], delta_ref[rows], allowed, cfg)
     return (dk + _dot(ds.astype(q.dtype), q, (0, 0)), dv + _dot(p.astype(do.dtype), do, (0, 0)))
 
-  lo, hi = query_blocks(j, cfg, q_ref.shape[0] // bq)
-  dk, dv = lax.fori_loop(lo, hi, body, (jnp.zeros(dk_ref.shape, jnp.float32),
-                                        jnp.zeros(dv_ref.shape, jnp.float32)))
+  dk, dv = _three_loops(query_blocks(j, cfg, q_ref.shape[0] // bq), body,
+                        (jnp.zeros(dk_ref.shape, jnp.float32),
+                         jnp.zeros(dv_ref.shape, jnp.float32)))
   dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
-
-
-def _global_dkv_kernel(q_ref, kg_ref, vg_ref, gpos_ref, do_ref, lse_ref, delta_ref, dkg_ref,
-                       dvg_ref, *, cfg: Tiles):
-  bq = cfg.block_q
-  kg = kg_ref[...].astype(q_ref.dtype)
-  vg = vg_ref[...].astype(do_ref.dtype)
-  gpos = gpos_ref[...]
-
-  def body(i, carry):
-    dk, dv = carry
-    rows = pl.ds(i * bq, bq)
-    q, do = q_ref[rows, :], do_ref[rows, :]
-    allowed = _global_allowed(i * bq + jnp.arange(bq), gpos, cfg)
-    p, ds = _probs_and_dscores(q, kg, vg, do, lse_ref[rows], delta_ref[rows], allowed, cfg)
-    return (dk + _dot(ds.astype(q.dtype), q, (0, 0)), dv + _dot(p.astype(do.dtype), do, (0, 0)))
-
-  dk, dv = lax.fori_loop(0, q_ref.shape[0] // bq, body,
-                         (jnp.zeros(dkg_ref.shape, jnp.float32),
-                          jnp.zeros(dvg_ref.shape, jnp.float32)))
-  dkg_ref[...] = dk * cfg.scale
-  dvg_ref[...] = dv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +277,7 @@ def _forward(cfg: Tiles, q, k, v, ok, kg, vg, gpos):
       functools.partial(_forward_kernel, cfg=cfg, has_global=has_global), cfg,
       (n, length // cfg.block_q), specs, [lay.seq(cfg.block_q, dvp), _tile(cfg.block_q)],
       [jax.ShapeDtypeStruct(q.shape[:-1] + (dvp,), q.dtype),
-       jax.ShapeDtypeStruct((n, length), jnp.float32)], "pallas_band_forward", dp)(*args)
+       jax.ShapeDtypeStruct((n, length), jnp.float32)], "pallas_band_forward")(*args)
   return out, lse
 
 
@@ -271,10 +315,18 @@ def _attend_bwd(cfg, res, do):
   delta = delta.transpose(0, 2, 3, 1).reshape(n, length)
 
   args = [q, k, v, ok] + ([kg, vg, gpos] if has_global else [])
-  dq = _call(functools.partial(_dq_kernel, cfg=cfg, has_global=has_global), cfg,
-             (n, length // bq), specs + [lay.seq(bq, dvp), _tile(bq), _tile(bq)],
-             lay.seq(bq, dp), jax.ShapeDtypeStruct(q.shape, q.dtype), "pallas_band_dq",
-             dp)(*args, do, lse, delta)
+  nq = length // bq
+  out_specs = [lay.seq(bq, dp)]
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+  if has_global:  # each query block's share of the global slots' dk and dv, summed below
+    g = kg.shape[1]
+    share = lambda width: pl.BlockSpec((None, None, g, width), lambda n, i: (n, i, 0, 0))
+    out_specs += [share(dp), share(dvp)]
+    out_shape += [jax.ShapeDtypeStruct((n, nq, g, dp), jnp.float32),
+                  jax.ShapeDtypeStruct((n, nq, g, dvp), jnp.float32)]
+  dq, *shares = _call(functools.partial(_dq_kernel, cfg=cfg, has_global=has_global), cfg,
+                      (n, nq), specs + [lay.seq(bq, dvp), _tile(bq), _tile(bq)], out_specs,
+                      out_shape, "pallas_band_dq")(*args, do, lse, delta)
 
   dk, dv = _call(
       functools.partial(_dkv_kernel, cfg=cfg), cfg, (n, length // bk),
@@ -282,18 +334,12 @@ def _attend_bwd(cfg, res, do):
        lay.seq(length, dvp, whole=True), _row(length), _row(length)],
       [lay.seq(bk, dp), lay.seq(bk, dvp)],
       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      "pallas_band_dkv", dp)(q, k, v, ok, do, lse, delta)
+      "pallas_band_dkv")(q, k, v, ok, do, lse, delta)
 
   dkg = dvg = None
   if has_global:
-    g = kg.shape[1]
-    dkg, dvg = _call(
-        functools.partial(_global_dkv_kernel, cfg=cfg), cfg, (n,),
-        [lay.seq(length, dp, whole=True), _row(g, dp), _row(g, dvp), _row(g),
-         lay.seq(length, dvp, whole=True), _row(length), _row(length)],
-        [_row(g, dp), _row(g, dvp)],
-        [jax.ShapeDtypeStruct(kg.shape, jnp.float32), jax.ShapeDtypeStruct(vg.shape, jnp.float32)],
-        "pallas_band_global_dkv", dp)(q, kg, vg, gpos, do, lse, delta)
+    dkg = jnp.sum(shares[0], axis=1) * cfg.scale
+    dvg = jnp.sum(shares[1], axis=1)
   return dq, dk, dv, None, dkg, dvg, None
 
 

@@ -5,9 +5,11 @@ A sibling of `attention.pallas_band` (same Triton style: `pallas_call`, `pl.Bloc
 programs, interpret mode where there is no GPU) for the kinds whose pattern is a block mask. Each
 kind's function here has exactly the keyword interface of the kind's portable (`xla`) function,
 plus `interpret` (None: Pallas's interpreter when `jax.default_backend() != "gpu"`, which is how
-the tests run it) and the kernel's tiles `block_q`, `block_k` (powers of two >= 16, default 64,
-reduced to fit short sequences). The kind's own block parameters keep their meaning (the pattern);
-the xla compute block of `sparse` (`block_size`) is checked and ignored.
+the tests run it) and the kernel's launch: tiles `block_q`, `block_k` (powers of two >= 16,
+reduced to fit short sequences), `num_warps` (a power of two <= 32) and `num_stages` (1 to 8),
+each None for its entry in `attention.pallas_online.TILE_TABLE` (by dtype and head dimension).
+The kind's own block parameters keep their meaning (the pattern); the xla compute block of
+`sparse` (`block_size`) is checked and ignored.
 
 The pattern. Each head's allowed pairs are one `attention.splash_masks` pattern object, the same
 ones the splash backend uses (`BigBird` and `block_sparse` are `LayoutPattern`s, one per head for
@@ -46,21 +48,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention import splash_masks, validation
+from attention import pallas_online, splash_masks, validation
 from attention import pallas_block_sparse_kernel as kernel
 from attention.block_sparse import check_layout
 from attention.splash_masks import Pattern
 
 # Smallest matmul side (and tile) Triton takes; every block shape is a power of two.
 MIN_TILE = 16
-DEFAULT_BLOCK = 64
 
 
 _pow2 = validation.pow2_at_least
-
-
-def _side(name: str, value) -> int:
-  return validation.tile_side(name, value, MIN_TILE) or DEFAULT_BLOCK
 
 
 class Lists(NamedTuple):
@@ -128,10 +125,11 @@ def tile_lists(patterns: tuple[Pattern, ...], length: int, bq: int, bk: int) -> 
   return Lists(*_rows(cls, tid), *_rows(cls.transpose(0, 2, 1), tid.transpose(0, 2, 1)), tiles)
 
 
-@functools.partial(jax.jit, static_argnames=("patterns", "block_q", "block_k", "interpret"))
+@functools.partial(jax.jit, static_argnames=("patterns", "block_q", "block_k", "num_warps",
+                                             "num_stages", "interpret"))
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
-            patterns: tuple[Pattern, ...], block_q: int, block_k: int,
-            interpret: bool) -> jax.Array:
+            patterns: tuple[Pattern, ...], block_q: int, block_k: int, num_warps: int,
+            num_stages: int, interpret: bool) -> jax.Array:
   b_, length, h, d = q.shape
   dv = v.shape[-1]
   dp, dvp = max(MIN_TILE, _pow2(d)), max(MIN_TILE, _pow2(dv))
@@ -144,7 +142,8 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None
   pad = lambda x, width: jnp.pad(x, ((0, 0), (0, padded - length), (0, 0),
                                      (0, width - x.shape[-1])))
   cfg = kernel.Tiles(block_q=bq, block_k=bk, heads=h, list_heads=lists.fwd_ptr.shape[0],
-                     scale=1.0 / math.sqrt(d), interpret=interpret)
+                     scale=1.0 / math.sqrt(d), interpret=interpret, num_warps=num_warps,
+                     num_stages=num_stages)
   out = kernel.attend(cfg, pad(q, dp), pad(k, dp), pad(v, dvp), ok,
                       *(jnp.asarray(x) for x in lists))
   out = out[:, :length, :, :dv]
@@ -153,11 +152,15 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None
   return out.astype(q.dtype)
 
 
-def _run(q, k, v, key_mask, patterns, interpret, block_q, block_k) -> jax.Array:
+def _run(q, k, v, key_mask, patterns, interpret, block_q, block_k, num_warps,
+         num_stages) -> jax.Array:
+  block_q, block_k, num_warps, num_stages = pallas_online.launch_settings(
+      max(MIN_TILE, _pow2(q.shape[-1])), q.dtype, block_q, block_k, num_warps, num_stages,
+      MIN_TILE)
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
-  return _attend(q, k, v, key_mask, patterns=tuple(patterns), block_q=_side("block_q", block_q),
-                 block_k=_side("block_k", block_k), interpret=bool(interpret))
+  return _attend(q, k, v, key_mask, patterns=tuple(patterns), block_q=block_q, block_k=block_k,
+                 num_warps=num_warps, num_stages=num_stages, interpret=bool(interpret))
 
 
 # --- The kinds. ---
@@ -165,19 +168,21 @@ def _run(q, k, v, key_mask, patterns, interpret, block_q, block_k) -> jax.Array:
 def block_local_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
                           causal: bool = False, key_mask: jax.Array | None = None,
                           interpret: bool | None = None, block_q: int | None = None,
-                          block_k: int | None = None) -> jax.Array:
+                          block_k: int | None = None, num_warps: int | None = None,
+                          num_stages: int | None = None) -> jax.Array:
   """Contiguous-block local attention (`masks.block_local_mask`) on the Pallas kernel;
   arguments as `attention.sparse_patterns.block_local_attention`."""
   _, _, h = validation.check_self_qkv(q, k, v, key_mask)
   return _run(q, k, v, key_mask, splash_masks.block_local_patterns(block_size, causal, h),
-              interpret, block_q, block_k)
+              interpret, block_q, block_k, num_warps, num_stages)
 
 
 def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, stride: int,
                      summary_width: int | None = None, causal: bool = False,
                      key_mask: jax.Array | None = None, block_size: int | None = None,
                      num_summary_offsets: int | None = None, interpret: bool | None = None,
-                     block_q: int | None = None, block_k: int | None = None) -> jax.Array:
+                     block_q: int | None = None, block_k: int | None = None,
+                     num_warps: int | None = None, num_stages: int | None = None) -> jax.Array:
   """Sparse Transformer strided / fixed attention on the Pallas kernel; arguments as
   `attention.sparse_patterns.sparse_attention` (`block_size`, the xla compute block, is checked
   and ignored). Equal to `dot_product_attention` with `masks.strided_mask` /
@@ -185,14 +190,15 @@ def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, 
   _, _, h = validation.check_self_qkv(q, k, v, key_mask)
   patterns = splash_masks.sparse_patterns(pattern, stride, summary_width, num_summary_offsets,
                                           block_size, causal, h)
-  return _run(q, k, v, key_mask, patterns, interpret, block_q, block_k)
+  return _run(q, k, v, key_mask, patterns, interpret, block_q, block_k, num_warps, num_stages)
 
 
 def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: int,
                       num_global_blocks: int = 2, num_random_blocks: int = 3, seed: int,
                       key_mask: jax.Array | None = None, random_blocks: str = "drawn",
                       interpret: bool | None = None, block_q: int | None = None,
-                      block_k: int | None = None) -> jax.Array:
+                      block_k: int | None = None, num_warps: int | None = None,
+                      num_stages: int | None = None) -> jax.Array:
   """BigBird ITC attention on the Pallas kernel, per-head random blocks; arguments as
   `attention.sparse_patterns.bigbird_attention` (drawn random blocks only). Equal to
   `dot_product_attention` with `masks.bigbird_mask(..., num_heads=H)`."""
@@ -200,13 +206,15 @@ def bigbird_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_size: i
   _, length, h = validation.check_self_qkv(q, k, v, key_mask)
   patterns = splash_masks.bigbird_patterns(length, block_size, num_global_blocks,
                                            num_random_blocks, seed, h)
-  return _run(q, k, v, key_mask, patterns, interpret, block_q, block_k)
+  return _run(q, k, v, key_mask, patterns, interpret, block_q, block_k, num_warps, num_stages)
 
 
 def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, layout: np.ndarray,
                            block_size: int, causal: bool = False,
                            key_mask: jax.Array | None = None, interpret: bool | None = None,
-                           block_q: int | None = None, block_k: int | None = None) -> jax.Array:
+                           block_q: int | None = None, block_k: int | None = None,
+                           num_warps: int | None = None,
+                           num_stages: int | None = None) -> jax.Array:
   """Attention over a static block layout on the Pallas kernel; arguments as
   `attention.block_sparse.block_sparse_attention`. Equal to `dot_product_attention` with
   `masks.block_layout_mask(layout, block_size, L)` (and causal, key_mask); a query with no
@@ -217,7 +225,7 @@ def block_sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, layout: 
                         block_size=block)
   per_head = np.broadcast_to(layout, (h,) + layout.shape[-2:])
   return _run(q, k, v, key_mask, splash_masks.layout_patterns(per_head, block, bool(causal)),
-              interpret, block_q, block_k)
+              interpret, block_q, block_k, num_warps, num_stages)
 
 
 __all__ = ["bigbird_attention", "block_local_attention", "block_sparse_attention",

@@ -50,6 +50,8 @@ class Tiles:
   list_heads: int       # H, or 1 when every head has the same lists
   scale: float
   interpret: bool
+  num_warps: int = 4
+  num_stages: int = 2
 
 
 def _span(ptr_ref) -> tuple[jax.Array, jax.Array]:
@@ -164,7 +166,7 @@ def _forward(cfg: Tiles, q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles):
       [_seq(cfg, cfg.block_q, dvp), _tile(cfg.block_q)],
       [jax.ShapeDtypeStruct(q.shape[:-1] + (dvp,), q.dtype),
        jax.ShapeDtypeStruct((n, length), jnp.float32)],
-      "pallas_block_sparse_forward", dp)(q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles)
+      "pallas_block_sparse_forward")(q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -204,8 +206,8 @@ def _attend_bwd(cfg, res, do):
 
   dq = _call(functools.partial(_dq_kernel, cfg=cfg), cfg, (n, length // bq),
              specs + [_seq(cfg, bq, dvp), _tile(bq), _tile(bq)], _seq(cfg, bq, dp),
-             jax.ShapeDtypeStruct(q.shape, q.dtype), "pallas_block_sparse_dq",
-             dp)(q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles, do, lse, delta)
+             jax.ShapeDtypeStruct(q.shape, q.dtype), "pallas_block_sparse_dq")(
+                 q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles, do, lse, delta)
 
   dk, dv = _call(
       functools.partial(_dkv_kernel, cfg=cfg), cfg, (n, length // bk),
@@ -214,8 +216,7 @@ def _attend_bwd(cfg, res, do):
        _seq(cfg, length, dvp, whole=True), _row(length), _row(length)],
       [_seq(cfg, bk, dp), _seq(cfg, bk, dvp)],
       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      "pallas_block_sparse_dkv", dp)(q, k, v, ok, bwd_ptr, bwd_idx, bwd_tid, tiles, do, lse,
-                                     delta)
+      "pallas_block_sparse_dkv")(q, k, v, ok, bwd_ptr, bwd_idx, bwd_tid, tiles, do, lse, delta)
   return dq, dk, dv, None, None, None, None, None, None, None, None
 
 

@@ -1,8 +1,9 @@
 """The online-softmax pieces both Triton kernels share (`attention.pallas_band_kernel`,
 `attention.pallas_block_sparse_kernel`): float32 matmuls, one softmax update by a block of keys,
-the forward's final division and log-sum-exp, the backward's recomputed probabilities, and the
-`pallas_call` with the kernels' warps and stages. `cfg` is either kernel's `Tiles` (its `scale`
-and `interpret` are read)."""
+the forward's final division and log-sum-exp, the backward's recomputed probabilities, the
+`pallas_call` with the kernels' warps and stages, and the table of default launch settings.
+`cfg` is either kernel's `Tiles` (its `scale`, `interpret`, `num_warps` and `num_stages` are
+read)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,31 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from attention import validation
 from attention.dot_product import NEG_INF
+
+# Default launch settings of both kernels, by dtype and head dimension (padded to a power of
+# two >= 16): (block_q, block_k, num_warps, num_stages) of the first row whose head dimension is
+# at least the input's. A device sweep (benchmarks/device_speed.py) fills these in; the values
+# here are the ones the first H100 run measured with (docs/gpu.md).
+TILE_TABLE: dict[str, tuple[tuple[int, tuple[int, int, int, int]], ...]] = {
+    dtype: ((64, (64, 64, 4, 2)), (1 << 30, (64, 64, 8, 2)))
+    for dtype in ("float32", "bfloat16", "float16")
+}
+
+
+def launch_settings(head_dim: int, dtype, block_q: int | None, block_k: int | None,
+                    num_warps: int | None, num_stages: int | None,
+                    min_tile: int) -> tuple[int, int, int, int]:
+  """(block_q, block_k, num_warps, num_stages): each one given, checked (one-line ValueError),
+  or None for `TILE_TABLE`'s entry for `dtype` (float32's for a dtype it lacks) and
+  `head_dim`."""
+  given = (validation.tile_side("block_q", block_q, min_tile),
+           validation.tile_side("block_k", block_k, min_tile),
+           validation.num_warps(num_warps), validation.num_stages(num_stages))
+  rows = TILE_TABLE.get(jnp.dtype(dtype).name, TILE_TABLE["float32"])
+  table = next(row for top, row in rows if head_dim <= top)
+  return tuple(t if g is None else g for g, t in zip(given, table))
 
 
 def dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
@@ -56,9 +81,11 @@ def tile(rows: int) -> pl.BlockSpec:
   return pl.BlockSpec((None, rows), lambda n, i: (n, i))
 
 
-def call(kernel, cfg, grid, in_specs, out_specs, out_shape, name: str, head_dim: int):
+def call(kernel, cfg, grid, in_specs, out_specs, out_shape, name: str):
+  """`pallas_call` of `kernel` with `cfg`'s warps and stages."""
   return pl.pallas_call(
       kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
       interpret=cfg.interpret, name=name,
-      compiler_params=plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2),
+      compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps,
+                                           num_stages=cfg.num_stages),
   )

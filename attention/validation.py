@@ -70,6 +70,27 @@ def tile_side(name: str, value, min_tile: int) -> int | None:
   return int(value)
 
 
+def num_warps(value) -> int | None:
+  """A Triton launch's warps per program: a power of two from 1 to 32, or None."""
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 32 \
+      or value & (value - 1):
+    raise ValueError(f"num_warps must be a power of two from 1 to 32 (warps per Triton program) "
+                     f"or None, got {value!r}.")
+  return int(value)
+
+
+def num_stages(value) -> int | None:
+  """A Triton launch's software-pipelining stages: an int from 1 to 8, or None."""
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 8:
+    raise ValueError(f"num_stages must be an int from 1 to 8 (Triton pipelining stages) or None, "
+                     f"got {value!r}.")
+  return int(value)
+
+
 def pow2_at_least(x: int) -> int:
   """The smallest power of two >= x (1 for x <= 1)."""
   return 1 << max(0, int(x) - 1).bit_length()

@@ -1,6 +1,7 @@
 """The Pallas band kernel (interpreted here) against dot_product_attention with the Longformer
 mask of masks.py: outputs and gradients, on shapes that do not fit the blocks."""
 
+import types
 import zlib
 
 import chex
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import attention
-from attention import masks, pallas_band
+from attention import masks, pallas_band, pallas_band_kernel, pallas_online
 
 
 def _inputs(rng, b, length, h, d, dtype=jnp.float32):
@@ -90,6 +91,65 @@ def test_matches_dense_reference(case):
          key_mask=key_mask, block_q=bq, block_k=bk)
 
 
+# Windows one more and one less than a block (16 or 32), causal and not, on a length that is
+# not a multiple of the block: here the ends of the key-block and query-block ranges and the
+# edges of the blocks wholly inside the band move by one block. The padding (37..39) and the
+# global key (21) sit in blocks wholly inside the band of some query block, where only the
+# key validity removes them.
+EDGE_CASES = [  # (window, causal, block_q, block_k)
+    (17, False, 16, 16), (15, False, 16, 16), (17, True, 16, 16), (15, True, 16, 16),
+    (33, False, 32, 16), (31, True, 16, 32),
+]
+
+
+@pytest.mark.parametrize("window,causal,bq,bk", EDGE_CASES, ids=[str(c) for c in EDGE_CASES])
+def test_window_one_off_a_block_matches_dense_reference(window, causal, bq, bk):
+  rng = np.random.default_rng(zlib.crc32(str((window, causal, bq, bk)).encode()))
+  q, k, v, ct = _inputs(rng, 1, 40, 1, 16)
+  _check(q, k, v, ct, window=window, causal=causal, block_q=bq, block_k=bk,
+         key_mask=jnp.arange(40)[None] < 37,
+         global_mask=jnp.zeros((1, 40), bool).at[0, 21].set(True))
+
+
+def _blocks_by_brute_force(window, causal, bq, bk, length):
+  """[nq, nk] bool: key block j meets the band of query block i (some pair allowed), and lies
+  wholly inside it (every pair allowed), from the pairs themselves."""
+  rel = np.arange(length)[:, None] - np.arange(length)[None, :]
+  allowed = (rel <= window) & (rel >= (0 if causal else -window))
+  tiles = allowed.reshape(length // bq, bq, length // bk, bk)
+  return tiles.any(axis=(1, 3)), tiles.all(axis=(1, 3))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("bq,bk", [(16, 16), (16, 32), (32, 16)])
+def test_block_ranges_are_exactly_the_blocks_the_band_meets(bq, bk, causal):
+  # Every window from 0 to past the length: [lo, hi) must be exactly the blocks with an allowed
+  # pair (one fewer loses keys, one more only costs time) and [a, b) exactly those wholly
+  # inside the band (one more would skip the band test where it bites).
+  length, windows = 128, np.arange(0, 140)
+
+  @jax.jit
+  def ranges(window):
+    cfg = types.SimpleNamespace(window=window, right=0 if causal else window, block_q=bq,
+                                block_k=bk)
+    by_query = jax.vmap(lambda i: pallas_band_kernel.key_blocks(i, cfg, length // bk))
+    by_key = jax.vmap(lambda j: pallas_band_kernel.query_blocks(j, cfg, length // bq))
+    return by_query(jnp.arange(length // bq)), by_key(jnp.arange(length // bk))
+
+  by_query, by_key = jax.vmap(ranges)(jnp.asarray(windows))
+  for w in windows:
+    meets, inside = _blocks_by_brute_force(int(w), causal, bq, bk, length)
+    for bounds, meets, inside in ((by_query, meets, inside), (by_key, meets.T, inside.T)):
+      lo, a, b, hi = (np.asarray(x[w]) for x in bounds)
+      for row in range(meets.shape[0]):
+        where = f"window {w}, block {row}"
+        assert list(np.flatnonzero(meets[row])) == list(range(lo[row], hi[row])), where
+        if inside[row].any():
+          assert list(np.flatnonzero(inside[row])) == list(range(a[row], b[row])), where
+        else:
+          assert a[row] == b[row] and lo[row] <= a[row] <= hi[row], where
+
+
 def test_global_key_inside_window_counted_once():
   # A global token inside every window: counted in the band and again as a global key, its
   # weight would double and the output would differ from the reference.
@@ -138,9 +198,24 @@ def test_jit_with_traced_global_mask_and_max_global_works_like_band():
   assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
 
 
+def test_launch_settings_default_to_the_table_and_refuse_bad_values():
+  table = pallas_online.TILE_TABLE
+  for dtype, head_dim, row in (("bfloat16", 64, 0), ("float32", 16, 0), ("float32", 128, 1),
+                               ("float16", 256, 1), ("int8", 32, 0)):
+    want = table.get(dtype, table["float32"])[row][1]
+    assert pallas_online.launch_settings(head_dim, dtype, None, None, None, None, 16) == want
+  assert pallas_online.launch_settings(64, "float32", 32, 128, 8, 3, 16) == (32, 128, 8, 3)
+  assert pallas_online.launch_settings(64, "float32", None, 16, None, 1, 16)[1:] == \
+      (16, table["float32"][0][1][2], 1)
+
+
 def test_bad_arguments_raise_one_line_errors():
   q = jnp.zeros((1, 8, 1, 16))
   for kw, pattern in ((dict(block_q=24), "power of two"), (dict(block_k=8), "power of two"),
+                      (dict(num_warps=3), "num_warps must be a power of two from 1 to 32"),
+                      (dict(num_warps=64), "num_warps"), (dict(num_stages=0), "num_stages"),
+                      (dict(num_stages=9), "num_stages must be an int from 1 to 8"),
+                      (dict(num_warps=True), "num_warps"), (dict(num_stages=2.0), "num_stages"),
                       (dict(block_size=0), "block_size"), (dict(window=-1), "non-negative"),
                       (dict(dilation=(1, 2)), "one value per head"),
                       (dict(global_mask=jnp.ones((1, 8), bool), max_global=2), "raise max_global"),
@@ -180,9 +255,9 @@ def test_longer_bfloat16_sequence_with_default_blocks():
 @pytest.mark.parametrize("dtype,head_dim,causal", [(jnp.bfloat16, 64, False),
                                                     (jnp.float32, 40, True)])
 def test_kernels_lower_to_triton_for_a_gpu(dtype, head_dim, causal):
-  # No GPU here, but the Triton lowering runs on any machine: every op of the four kernels
-  # (forward, dq, dk/dv, global dk/dv) must have a Triton lowering rule and every block shape
-  # must be one Triton takes (powers of two).
+  # No GPU here, but the Triton lowering runs on any machine: every op of the three kernels
+  # (forward, dq with the global slots' dk/dv, dk/dv) must have a Triton lowering rule and every
+  # block shape must be one Triton takes (powers of two).
   rng = np.random.default_rng(6)
   q, k, v, ct = _inputs(rng, 2, 300, 3, head_dim, dtype)   # rows of 320 and 192 keys
 
@@ -195,6 +270,6 @@ def test_kernels_lower_to_triton_for_a_gpu(dtype, head_dim, causal):
   grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
   text = grad.trace(q, k, v, _global_mask(rng, 2, 300, 0.02), _key_mask(rng, 2, 300)).lower(
       lowering_platforms=("cuda",)).as_text()
-  for name in ("forward", "dq", "dkv", "global_dkv"):
+  for name in ("forward", "dq", "dkv"):
     assert f'"pallas_band_{name}"' in text
-  assert text.count("gpu.triton") >= 4 * 2      # four kernels for each of the two dilations
+  assert text.count("gpu.triton") >= 3 * 2      # three kernels for each of the two dilations

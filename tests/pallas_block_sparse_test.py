@@ -267,6 +267,10 @@ def test_bad_arguments_raise_one_line_errors():
   cases = [
       (pallas_block_sparse.block_local_attention, dict(block_size=4, block_q=24), "power of two"),
       (pallas_block_sparse.block_local_attention, dict(block_size=4, block_k=8), "power of two"),
+      (pallas_block_sparse.block_local_attention, dict(block_size=4, num_warps=6),
+       "num_warps must be a power of two from 1 to 32"),
+      (pallas_block_sparse.sparse_attention, dict(pattern="strided", stride=2, num_stages=0),
+       "num_stages must be an int from 1 to 8"),
       (pallas_block_sparse.block_local_attention, dict(block_size=0), "block_size"),
       (pallas_block_sparse.sparse_attention, dict(pattern="axial", stride=2), "strided, fixed"),
       (pallas_block_sparse.sparse_attention, dict(pattern="strided", stride=2, summary_width=1),
