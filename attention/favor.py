@@ -35,8 +35,17 @@ per-feature max of the chunks before. A query's parts are added relative to the 
 log-scales x. This costs one `exp` per query and feature per level (log2(C) levels) where the
 earlier scheme had one in all. (The reference code takes the key max over all positions and adds
 an epsilon after the shift, so future keys change past outputs.)
-All feature math is float32 whatever the input dtype (the projection at `Precision.HIGHEST`),
-and no additive epsilon is used, so the estimate is exactly the ratio of the feature sums.
+With `precision="exact"` all feature math is float32 whatever the input dtype (the projection
+at `Precision.HIGHEST`), and no additive epsilon is used, so the estimate is exactly the ratio of
+the feature sums. With `precision="fast"` (the default on a GPU or TPU, see
+`linear.check_precision`) the projection and every contraction take bfloat16 operands with
+float32 accumulation, forward and backward, so they run on the tensor cores: x is used as given
+(bfloat16 inputs are exact) and d^{-1/4} is folded into W before W is rounded; the exponents,
+|x'|^2 / 2, both max subtractions, the exps and every sum, state and denominator stay float32,
+and the features (<= 1 after the shifts) are rounded to bfloat16 only as matmul operands. Each
+exponent then errs by at most u sum_j |W_rj x'_j| (u = 2^-9, bfloat16's unit roundoff), each
+feature, state and value operand by u relative; `tests/favor_test.py` checks outputs and
+gradients against the exact path and a float64 transcription of the paper within that bound.
 
 Padding: padded keys get zero features (the exponent is masked before `exp`, so gradients stay
 finite) and zero values, so they are absent from numerator and denominator; they do not take part
@@ -137,7 +146,8 @@ def check_features(features: ArrayLike, head_dim: int) -> None:
 
 def favor_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, features: ArrayLike,
                     causal: bool = False, key_mask: jax.Array | None = None,
-                    chunk_size: int | None = None, kernel: str = "softmax") -> jax.Array:
+                    chunk_size: int | None = None, kernel: str = "softmax",
+                    precision: str = "auto") -> jax.Array:
   """FAVOR+ attention: linear-time estimate of softmax attention with random features.
 
   Args:
@@ -154,6 +164,9 @@ def favor_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, features: Array
       sequence needs). Unused when not causal.
     kernel: "softmax" (positive random features, unbiased for softmax) or "relu" (generalized
       attention, phi = relu(W x') + 1e-3).
+    precision: "exact" (float32 feature maps, the projection at `Precision.HIGHEST`), "fast"
+      (bfloat16 operands with float32 accumulation in the projection and the contractions;
+      stabilisers and statistics float32) or "auto" ("fast" on a GPU or TPU, else "exact").
 
   Returns:
     `[B, Lq, H, Dv]` in q's dtype. A query with no real key outputs exactly 0.
@@ -164,23 +177,34 @@ def favor_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, features: Array
   if kernel not in KERNELS:
     raise ValueError(f"unknown FAVOR+ kernel {kernel!r}; valid kernels: {', '.join(KERNELS)}.")
   chunk = linear.check_chunk_size(chunk_size)
+  fast = linear.check_precision(precision) == "fast"
   return _favor(q, k, v, jnp.asarray(features), key_mask, causal=bool(causal), chunk=chunk,
-                kernel=kernel)
+                kernel=kernel, fast=fast)
 
 
-def _log_features(x: jax.Array, w: jax.Array, *, with_norm: bool) -> jax.Array:
+def _log_features(x: jax.Array, w: jax.Array, *, with_norm: bool,
+                  fast: bool = False) -> jax.Array:
   """Exponents w_r.x' (- |x'|^2 / 2 if `with_norm`), x' = x d^{-1/4}: `[B, H, L, D]` -> float32
-  `[B, H, L, m]`. The projection runs at full float32 precision: an error in an exponent is a
-  relative error of the feature, and default-precision matmuls (TF32 on GPUs, bfloat16 passes on
-  TPUs) would err by ~1e-3 of |w| |x'|, units of the exponent at large norms."""
-  x = x.astype(jnp.float32) * (x.shape[-1] ** -0.25)
+  `[B, H, L, m]`. Exact: the projection runs at full float32 precision: an error in an exponent
+  is a relative error of the feature, and default-precision matmuls (TF32 on GPUs, bfloat16
+  passes on TPUs) would err by ~1e-3 of |w| |x'|, units of the exponent at large norms. Fast:
+  x and W d^{-1/4} rounded to bfloat16, float32 accumulation (the norm term stays float32)."""
+  scale = x.shape[-1] ** -0.25
+  if fast:
+    proj = linear.contract("bhld,md->bhlm", x, w.astype(jnp.float32) * scale, True)
+    if not with_norm:
+      return proj
+    x = x.astype(jnp.float32) * scale
+    return proj - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+  x = x.astype(jnp.float32) * scale
   proj = jnp.einsum("bhld,md->bhlm", x, w, precision=jax.lax.Precision.HIGHEST)
   return proj - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True) if with_norm else proj
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "chunk", "kernel"))
+@functools.partial(jax.jit, static_argnames=("causal", "chunk", "kernel", "fast"))
 def _favor(q: jax.Array, k: jax.Array, v: jax.Array, features: jax.Array,
-           key_mask: jax.Array | None, *, causal: bool, chunk: int, kernel: str) -> jax.Array:
+           key_mask: jax.Array | None, *, causal: bool, chunk: int, kernel: str,
+           fast: bool = False) -> jax.Array:
   head_major = lambda x: jnp.swapaxes(x, 1, 2)                     # [B, L, H, .] <-> [B, H, L, .]
   w = features.astype(jnp.float32)                                 # [m, D]
   q, k, v = head_major(q), head_major(k), head_major(v).astype(jnp.float32)  # [B, H, L, D]
@@ -189,34 +213,39 @@ def _favor(q: jax.Array, k: jax.Array, v: jax.Array, features: jax.Array,
     v = jnp.where(real, v, 0.0)
   if kernel == "relu":
     scale = q.shape[-1] ** -0.25
-    phi_q = jax.nn.relu(jnp.einsum("bhld,md->bhlm", q.astype(jnp.float32) * scale, w))
-    phi_k = jax.nn.relu(jnp.einsum("bhld,md->bhlm", k.astype(jnp.float32) * scale, w))
+    if fast:
+      phi_q = jax.nn.relu(linear.contract("bhld,md->bhlm", q, w * scale, True))
+      phi_k = jax.nn.relu(linear.contract("bhld,md->bhlm", k, w * scale, True))
+    else:
+      phi_q = jax.nn.relu(jnp.einsum("bhld,md->bhlm", q.astype(jnp.float32) * scale, w))
+      phi_k = jax.nn.relu(jnp.einsum("bhld,md->bhlm", k.astype(jnp.float32) * scale, w))
     phi_q, phi_k = phi_q + RELU_EPSILON, phi_k + RELU_EPSILON
     if real is not None:
       phi_k = jnp.where(real, phi_k, 0.0)
     if causal:
-      out = linear.causal_linear_attention(phi_q, phi_k, v, chunk)
+      out = linear.causal_linear_attention(phi_q, phi_k, v, chunk, fast=fast)
     else:
-      out = linear.bidirectional_linear_attention(phi_q, phi_k, v)
+      out = linear.bidirectional_linear_attention(phi_q, phi_k, v, fast=fast)
   else:
     # |q'|^2 / 2 is a factor of query i alone: it cancels, and is left out.
-    a = _log_features(q, w, with_norm=False)                       # [B, H, Lq, m]
-    b = _log_features(k, w, with_norm=True)                        # [B, H, Lk, m]
+    a = _log_features(q, w, with_norm=False, fast=fast)            # [B, H, Lq, m]
+    b = _log_features(k, w, with_norm=True, fast=fast)             # [B, H, Lk, m]
     if real is not None:
       b = jnp.where(real, b, NEG_INF)                              # masked before any exp
     if causal:
       if real is None:
         real = jnp.ones((1, 1, k.shape[2], 1), bool)
-      out = _causal_softmax(a, b, v, real[..., 0], _power_of_two_chunk(chunk, k.shape[2]))
+      out = _causal_softmax(a, b, v, real[..., 0], _power_of_two_chunk(chunk, k.shape[2]),
+                            fast)
     else:
-      out = _bidirectional_softmax(a, b, v, real)
+      out = _bidirectional_softmax(a, b, v, real, fast)
   if key_mask is not None and q.shape[2] == k.shape[2]:
     out = jnp.where(key_mask[:, None, :, None], out, 0.0)
   return head_major(out).astype(q.dtype)                           # [B, Lq, H, Dv]
 
 
 def _bidirectional_softmax(a: jax.Array, b: jax.Array, v: jax.Array,
-                           real: jax.Array | None) -> jax.Array:
+                           real: jax.Array | None, fast: bool = False) -> jax.Array:
   """Positive-feature attention from exponents a `[B, H, Lq, m]`, b `[B, H, Lk, m]`."""
   y = jax.lax.stop_gradient(jnp.max(b, axis=2, keepdims=True))     # [B, H, 1, m] per feature
   phi_k = jnp.exp(b - y)                                           # <= 1, max 1 in every column
@@ -224,7 +253,7 @@ def _bidirectional_softmax(a: jax.Array, b: jax.Array, v: jax.Array,
     phi_k = jnp.where(real, phi_k, 0.0)
   x = jax.lax.stop_gradient(jnp.max(a + y, axis=-1, keepdims=True))  # [B, H, Lq, 1] per query
   phi_q = jnp.exp(a + y - x)                                       # <= 1, max 1 in every row
-  return linear.bidirectional_linear_attention(phi_q, phi_k, v)
+  return linear.bidirectional_linear_attention(phi_q, phi_k, v, fast=fast)
 
 
 def _power_of_two_chunk(chunk: int, length: int) -> int:
@@ -241,14 +270,15 @@ def _merge(acc: ThreeArrays, part: ThreeArrays) -> ThreeArrays:
 
 
 def _causal_softmax(a: jax.Array, b: jax.Array, v: jax.Array, real: jax.Array,
-                    chunk: int) -> jax.Array:
-  num, den, _ = causal_softmax_parts(a, b, v, real, chunk)
+                    chunk: int, fast: bool = False) -> jax.Array:
+  num, den, _ = causal_softmax_parts(a, b, v, real, chunk, fast=fast)
   has = den > 0                                                    # >= 1 when any real key
   return jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
 
 
 def causal_softmax_parts(a: jax.Array, b: jax.Array, v: jax.Array, real: jax.Array, chunk: int,
-                         prefix: ThreeArrays | None = None) -> ThreeArrays:
+                         prefix: ThreeArrays | None = None,
+                         fast: bool = False) -> ThreeArrays:
   """Causal positive-feature attention from exponents a, b `[B, H, L, m]` (b = NEG_INF at
   padded keys), v `[B, H, L, Dv]` (0 at padded keys), real `[B, 1, L]`; chunk a power of two.
 
@@ -261,7 +291,8 @@ def causal_softmax_parts(a: jax.Array, b: jax.Array, v: jax.Array, real: jax.Arr
   Returns the numerator `[B, H, L, Dv]`, denominator `[B, H, L]` and log-scale `[B, H, L]` of
   every query (out = num / den). `prefix` (S `[B, H, m, Dv]`, z `[B, H, m]` relative to the
   per-feature reference t `[B, H, m]`) is a state of keys before position 0 (other devices'),
-  added to every query relative to its own reference.
+  added to every query relative to its own reference. `fast`: the matmuls take bfloat16
+  operands with float32 accumulation (`linear.contract`).
   """
   bsz, h, length, _ = a.shape
   n = -(-length // chunk)
@@ -281,7 +312,7 @@ def causal_softmax_parts(a: jax.Array, b: jax.Array, v: jax.Array, real: jax.Arr
   phi_k = jnp.where(real[..., None], 1.0 + (b - y), 0.0)
   size = 1
   while size < chunk:
-    acc = _merge(acc, _left_to_right(a, phi_k, y, v, size))
+    acc = _merge(acc, _left_to_right(a, phi_k, y, v, size, fast))
     # Up one level: a key's feature relative to its block of 2 * size. Only terms below 1e-38
     # of the block's largest (which the same queries see) can underflow.
     pairs = y.reshape(y.shape[:3] + (-1, 2) + y.shape[4:])         # [B, H, N, G, 2, m]
@@ -291,7 +322,7 @@ def causal_softmax_parts(a: jax.Array, b: jax.Array, v: jax.Array, real: jax.Arr
         phi_k.shape)
     size *= 2
   if n > 1 or prefix is not None:
-    acc = _merge(acc, _earlier_chunks(a, phi_k, y[:, :, :, 0], v, prefix))
+    acc = _merge(acc, _earlier_chunks(a, phi_k, y[:, :, :, 0], v, prefix, fast))
   num, den, x = acc
   cut = lambda t: t.reshape((bsz, h, n * chunk) + t.shape[4:])[:, :, :length]
   return cut(num), cut(den), cut(x)
@@ -306,7 +337,7 @@ def _diagonal(a: jax.Array, b: jax.Array, v: jax.Array, real: jax.Array) -> Thre
 
 
 def _left_to_right(a: jax.Array, phi_k: jax.Array, y: jax.Array, v: jax.Array,
-                   size: int) -> ThreeArrays:
+                   size: int, fast: bool = False) -> ThreeArrays:
   """In blocks of 2 * size positions, right-half queries with left-half keys: phi_k relative to
   y, the per-feature max of the left half (whose keys all come before the queries)."""
   bsz, h, n, chunk, _ = a.shape
@@ -316,19 +347,19 @@ def _left_to_right(a: jax.Array, phi_k: jax.Array, y: jax.Array, v: jax.Array,
   ref = y.reshape(y.shape[:3] + (blocks, 2, 1) + y.shape[4:])[:, :, :, :, 0]  # [B, H, N, G, 1, m]
   x = jax.lax.stop_gradient(jnp.max(aq + ref, axis=-1))           # [B, H, N, G, S]
   phi_q = jnp.exp(aq + ref - x[..., None])                         # <= 1, max 1 in every row
-  p = jnp.einsum("bhngim,bhngjm->bhngij", phi_q, kl)               # [B, H, N, G, S, S]
-  num, den = jnp.einsum("bhngij,bhngjd->bhngid", p, vk), jnp.sum(p, axis=-1)
+  p = linear.contract("bhngim,bhngjm->bhngij", phi_q, kl, fast)   # [B, H, N, G, S, S]
+  num, den = linear.contract("bhngij,bhngjd->bhngid", p, vk, fast), jnp.sum(p, axis=-1)
   right = lambda x, fill: jnp.stack([jnp.full_like(x, fill), x], axis=4).reshape(
       (bsz, h, n, chunk) + x.shape[5:])                            # left halves get nothing
   return right(num, 0.0), right(den, 0.0), right(x, NEG_INF)
 
 
 def _earlier_chunks(a: jax.Array, phi_k: jax.Array, t: jax.Array, v: jax.Array,
-                    prefix: ThreeArrays | None = None) -> ThreeArrays:
+                    prefix: ThreeArrays | None = None, fast: bool = False) -> ThreeArrays:
   """Queries of chunk n with the keys of chunks < n: per-chunk states (S, z) of phi_k (relative
   to the chunk's per-feature max t `[B, H, N, m]`), carried relative to their running max,
   starting from `prefix` (S, z, t) when given (else nothing)."""
-  states = jnp.einsum("bhncm,bhncd->bhnmd", phi_k, v)              # [B, H, N, m, Dv]
+  states = linear.contract("bhncm,bhncd->bhnmd", phi_k, v, fast)   # [B, H, N, m, Dv]
   sums = jnp.sum(phi_k, axis=3)                                    # [B, H, N, m]
 
   def step(carry, xs):
@@ -347,6 +378,6 @@ def _earlier_chunks(a: jax.Array, phi_k: jax.Array, t: jax.Array, v: jax.Array,
   ref = prev_t[:, :, :, None]                                      # [B, H, N, 1, m]
   x = jax.lax.stop_gradient(jnp.max(a + ref, axis=-1))            # [B, H, N, C]
   phi_q = jnp.exp(a + ref - x[..., None])
-  num = jnp.einsum("bhncm,bhnmd->bhncd", phi_q, prev_s)
-  den = jnp.einsum("bhncm,bhnm->bhnc", phi_q, prev_z)
+  num = linear.contract("bhncm,bhnmd->bhncd", phi_q, prev_s, fast)
+  den = linear.contract("bhncm,bhnm->bhnc", phi_q, prev_z, fast)
   return num, den, x

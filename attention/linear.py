@@ -26,6 +26,11 @@ position) and rescales per query, which cancels exactly between numerator and de
 (FAVOR+'s softmax kernel no longer uses it: one scale per key cannot keep its denominators away
 from underflow, so `attention.favor` shifts per feature.)
 
+Precision (`check_precision`): "exact" keeps every feature map and contraction in float32;
+"fast" gives the contractions bfloat16 operands with float32 accumulation, forward and backward
+(`contract`), so they run on the tensor cores; sums, states and denominators stay float32.
+"auto", the default, is "fast" on a GPU or TPU and "exact" elsewhere.
+
 Padding: a key with `key_mask` False has its features zeroed before any sum, so it is absent
 from numerator and denominator alike. A query with no real key (or, when causal, none at or
 before it) has a zero denominator and outputs exactly 0; padded queries output 0.
@@ -44,6 +49,68 @@ from attention.dot_product import NEG_INF
 
 # Chunk length of the causal prefix sums when the caller gives none.
 DEFAULT_CHUNK_SIZE = 128
+# Precision settings of the feature maps and contractions (`check_precision`).
+PRECISIONS = ("auto", "exact", "fast")
+# Operand dtype of the "fast" contractions (accumulation and every statistic stay float32).
+FAST_DTYPE = jnp.bfloat16
+# Platforms on which "auto" means "fast": those with bfloat16 matrix units.
+FAST_PLATFORMS = ("gpu", "tpu")
+
+
+def check_precision(precision: str) -> str:
+  """Resolves a precision setting to "exact" or "fast".
+
+  "exact": float32 operands (FAVOR+'s feature projection at `Precision.HIGHEST`), the path
+  every test's float64 reference is checked against. "fast": the feature projection and the
+  contractions (key states, readout, causal chunk matmuls) take bfloat16 operands with float32
+  accumulation (`preferred_element_type`), in the forward and the backward pass, so they run
+  on the tensor cores; feature exponents, maxima, exps, normalisers and carried states stay
+  float32. "auto" (the default of the kinds): "fast" when `jax.default_backend()` is a GPU or
+  a TPU, else "exact" (so on a CPU the result is what the exact path gives).
+  """
+  if precision not in PRECISIONS:
+    raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got "
+                     f"{precision!r}: 'exact' for float32 feature maps and contractions, 'fast' "
+                     f"for bfloat16 operands with float32 accumulation.")
+  if precision == "auto":
+    return "fast" if jax.default_backend() in FAST_PLATFORMS else "exact"
+  return precision
+
+
+def contract(spec: str, x: jax.Array, y: jax.Array, fast: bool) -> jax.Array:
+  """`jnp.einsum(spec, x, y)`; with `fast`, of x and y rounded to `FAST_DTYPE` with float32
+  accumulation, and the same in the backward pass (float32 result and gradients)."""
+  if not fast:
+    return jnp.einsum(spec, x, y)
+  return _fast_einsum(spec, x.astype(jnp.float32), y.astype(jnp.float32))
+
+
+def _fast_dot(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
+  return jnp.einsum(spec, x.astype(FAST_DTYPE), y.astype(FAST_DTYPE),
+                    preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fast_einsum(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
+  return _fast_dot(spec, x, y)
+
+
+def _fast_einsum_fwd(spec, x, y):
+  xb, yb = x.astype(FAST_DTYPE), y.astype(FAST_DTYPE)
+  return _fast_dot(spec, xb, yb), (xb, yb)
+
+
+def _fast_einsum_bwd(spec, res, g):
+  """dx = g . y and dy = g . x as einsums of bfloat16 operands (autodiff of a mixed-dtype dot
+  would run them in float32)."""
+  xb, yb = res
+  ins, out = spec.split("->")
+  xs, ys = ins.split(",")
+  g = g.astype(FAST_DTYPE)
+  return _fast_dot(f"{out},{ys}->{xs}", g, yb), _fast_dot(f"{out},{xs}->{ys}", g, xb)
+
+
+_fast_einsum.defvjp(_fast_einsum_fwd, _fast_einsum_bwd)
 
 
 def check_chunk_size(chunk_size: int | None) -> int:
@@ -63,8 +130,8 @@ def _normalise(num: jax.Array, den: jax.Array) -> jax.Array:
   return jnp.where(has[..., None], num / jnp.where(has, den, 1.0)[..., None], 0.0)
 
 
-def bidirectional_linear_attention(phi_q: jax.Array, phi_k: jax.Array,
-                                   v: jax.Array) -> jax.Array:
+def bidirectional_linear_attention(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
+                                   fast: bool = False) -> jax.Array:
   """Non-causal kernelized attention from features, head-major; float32 `[B, H, Lq, Dv]`.
 
   Arrays are head-major (`[B, H, L, ...]`, the layout in which every matmul here has its batch
@@ -74,8 +141,15 @@ def bidirectional_linear_attention(phi_q: jax.Array, phi_k: jax.Array,
     phi_q: `[B, H, Lq, M]` non-negative query features (any per-query scale cancels).
     phi_k: `[B, H, Lk, M]` non-negative key features, zero for padded keys.
     v: `[B, H, Lk, Dv]` values, zero for padded keys.
+    fast: bfloat16 operands, float32 accumulation (`contract`); the normaliser z rides along
+      as a column of ones appended to v, so each of the two contractions is one matmul.
   """
   phi_q, phi_k, v = (x.astype(jnp.float32) for x in (phi_q, phi_k, v))
+  if fast:
+    ones = jnp.ones(v.shape[:-1] + (1,), jnp.float32)
+    s = contract("bhlm,bhld->bhmd", phi_k, jnp.concatenate([v, ones], axis=-1), True)
+    num_den = contract("bhlm,bhmd->bhld", phi_q, s, True)             # [B, H, Lq, Dv + 1]
+    return _normalise(num_den[..., :-1], num_den[..., -1])
   s = jnp.einsum("bhlm,bhld->bhmd", phi_k, v)                 # [B, H, M, Dv]
   z = jnp.sum(phi_k, axis=2)                                  # [B, H, M]
   num = jnp.einsum("bhlm,bhmd->bhld", phi_q, s)               # [B, H, Lq, Dv]
@@ -93,7 +167,8 @@ def _exclusive_cumsum(x: jax.Array, axis: int) -> jax.Array:
 
 def causal_linear_attention(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
                             chunk_size: int | None = None,
-                            key_log_scale: jax.Array | None = None) -> jax.Array:
+                            key_log_scale: jax.Array | None = None,
+                            fast: bool = False) -> jax.Array:
   """Causal kernelized attention by chunked prefix sums, head-major; float32 `[B, H, L, Dv]`.
 
   Query i uses keys j <= i only. Inside each chunk of `chunk_size` positions a masked
@@ -110,29 +185,35 @@ def causal_linear_attention(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
     key_log_scale: optional `[B, H, L]` float; key j's features are really
       `phi_k[j] * exp(key_log_scale[j])`. Use `NEG_INF` for padded keys. Treated as a constant
       by autodiff (a stabiliser).
+    fast: bfloat16 operands, float32 accumulation in every matmul (`contract`).
   """
   chunk = check_chunk_size(chunk_size)
   if phi_q.shape != phi_k.shape or phi_q.shape[:3] != v.shape[:3]:
     raise ValueError(
         f"phi_q and phi_k must be [B, H, L, M] and v [B, H, L, Dv] with equal B, H, L; got "
         f"{tuple(phi_q.shape)}, {tuple(phi_k.shape)}, {tuple(v.shape)}.")
-  return _causal_core(phi_q, phi_k, v, key_log_scale, chunk=chunk)
+  return _causal_core(phi_q, phi_k, v, key_log_scale, chunk=chunk, fast=bool(fast))
 
 
-@functools.partial(jax.jit, static_argnames=("chunk",))
+@functools.partial(jax.jit, static_argnames=("chunk", "fast"))
 def _causal_core(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
-                 key_log_scale: jax.Array | None, *, chunk: int) -> jax.Array:
-  num, den = causal_parts(phi_q, phi_k, v, key_log_scale, chunk=chunk)
+                 key_log_scale: jax.Array | None, *, chunk: int,
+                 fast: bool = False) -> jax.Array:
+  num, den = causal_parts(phi_q, phi_k, v, key_log_scale, chunk=chunk, fast=fast)
   return _normalise(num, den)
 
 
 def causal_parts(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
                  key_log_scale: jax.Array | None = None, *, chunk: int,
-                 prefix: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, jax.Array]:
+                 prefix: tuple[jax.Array, jax.Array] | None = None,
+                 fast: bool = False) -> tuple[jax.Array, jax.Array]:
   """The numerator `[B, H, L, Dv]` and denominator `[B, H, L]` of causal kernelized attention
   (`_causal_core` divides them). `prefix` (S `[B, H, M, Dv]`, z `[B, H, M]`, only without
   `key_log_scale`) holds the state of keys before position 0 (another device's), added to every
-  query's sums."""
+  query's sums. `fast`: every matmul of bfloat16 operands with float32 accumulation (the
+  chunk's masked scores are rounded once more, as the operand of the scores-times-values
+  matmul); prefix sums, scales and denominators float32."""
+  dot = lambda spec, x, y: contract(spec, x, y, fast)
   b, h, length, m = phi_q.shape
   dv = v.shape[-1]
   chunk = min(chunk, -(-length // 8) * 8)                    # never more than one padded chunk
@@ -147,18 +228,18 @@ def causal_parts(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
   pq, pk, vc = to_chunks(phi_q), to_chunks(phi_k), to_chunks(v)   # [B, H, N, C, M|Dv]
   tril = np.tril(np.ones((chunk, chunk), bool))                    # [C, C], query >= key
 
-  a = jnp.einsum("bhncm,bhnsm->bhncs", pq, pk)                     # [B, H, N, C, C]
+  a = dot("bhncm,bhnsm->bhncs", pq, pk)                            # [B, H, N, C, C]
   if key_log_scale is None:
     a = jnp.where(tril, a, 0.0)
-    states = jnp.einsum("bhnsm,bhnsd->bhnmd", pk, vc)              # [B, H, N, M, Dv]
+    states = dot("bhnsm,bhnsd->bhnmd", pk, vc)                     # [B, H, N, M, Dv]
     sums = jnp.sum(pk, axis=3)                                     # [B, H, N, M]
     prev_s = _exclusive_cumsum(states, axis=2)                     # keys of earlier chunks
     prev_z = _exclusive_cumsum(sums, axis=2)
     if prefix is not None:
       prev_s = prev_s + prefix[0][:, :, None].astype(jnp.float32)
       prev_z = prev_z + prefix[1][:, :, None].astype(jnp.float32)
-    num_inter = jnp.einsum("bhncm,bhnmd->bhncd", pq, prev_s)
-    den_inter = jnp.einsum("bhncm,bhnm->bhnc", pq, prev_z)
+    num_inter = dot("bhncm,bhnmd->bhncd", pq, prev_s)
+    den_inter = dot("bhncm,bhnm->bhnc", pq, prev_z)
   else:
     ls = jax.lax.stop_gradient(to_chunks(key_log_scale, NEG_INF))  # [B, H, N, C]
     run = jax.lax.cummax(ls, axis=3)                               # running max inside chunk
@@ -172,7 +253,7 @@ def causal_parts(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
     a = a * jnp.where(tril, jnp.exp(jnp.minimum(rel, 0.0)), 0.0)
     # Per-chunk states relative to the chunk's own max, carried relative to the running max.
     pkw = pk * jnp.exp(ls - chunk_max[..., None])[..., None]       # [B, H, N, C, M]
-    states = jnp.einsum("bhnsm,bhnsd->bhnmd", pkw, vc)             # [B, H, N, M, Dv]
+    states = dot("bhnsm,bhnsd->bhnmd", pkw, vc)                    # [B, H, N, M, Dv]
     sums = jnp.sum(pkw, axis=3)                                    # [B, H, N, M]
 
     def step(carry, xs):
@@ -191,10 +272,10 @@ def causal_parts(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
                      jnp.moveaxis(chunk_max, 2, 0)))
     prev_s, prev_z = jnp.moveaxis(prev_s, 0, 2), jnp.moveaxis(prev_z, 0, 2)
     carry_w = jnp.exp(before[..., None] - m_i)                     # [B, H, N, C] <= 1
-    num_inter = jnp.einsum("bhncm,bhnmd->bhncd", pq, prev_s) * carry_w[..., None]
-    den_inter = jnp.einsum("bhncm,bhnm->bhnc", pq, prev_z) * carry_w
+    num_inter = dot("bhncm,bhnmd->bhncd", pq, prev_s) * carry_w[..., None]
+    den_inter = dot("bhncm,bhnm->bhnc", pq, prev_z) * carry_w
 
-  num = jnp.einsum("bhncs,bhnsd->bhncd", a, vc) + num_inter        # [B, H, N, C, Dv]
+  num = dot("bhncs,bhnsd->bhncd", a, vc) + num_inter               # [B, H, N, C, Dv]
   den = jnp.sum(a, axis=-1) + den_inter                            # [B, H, N, C]
   return (num.reshape(b, h, n * chunk, dv)[:, :, :length],
           den.reshape(b, h, n * chunk)[:, :, :length])
@@ -207,7 +288,7 @@ def elu_features(x: jax.Array) -> jax.Array:
 
 def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
                      key_mask: jax.Array | None = None,
-                     chunk_size: int | None = None) -> jax.Array:
+                     chunk_size: int | None = None, precision: str = "auto") -> jax.Array:
   """Linear attention with the elu(x) + 1 feature map (Katharopoulos et al. 2020).
 
   Args:
@@ -219,6 +300,9 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool =
       feature sums; with Lq == Lk padded queries output 0.
     chunk_size: chunk length of the causal prefix sums (None: `DEFAULT_CHUNK_SIZE`); unused
       when not causal.
+    precision: "exact" (float32 features and contractions), "fast" (the contractions take
+      bfloat16 operands with float32 accumulation: tensor cores) or "auto" ("fast" on a GPU or
+      TPU, "exact" elsewhere); see `check_precision`.
 
   Returns:
     `[B, Lq, H, Dv]` in q's dtype. A query with no real key (at or before it when causal)
@@ -227,12 +311,13 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool =
   b, lq, lk, h, d = validation.check_qkv(q, k, v, same_length=causal)
   validation.check_token_mask("key_mask", key_mask, b, lk)
   chunk = check_chunk_size(chunk_size)
-  return _linear_attention(q, k, v, key_mask, causal=bool(causal), chunk=chunk)
+  fast = check_precision(precision) == "fast"
+  return _linear_attention(q, k, v, key_mask, causal=bool(causal), chunk=chunk, fast=fast)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "chunk"))
+@functools.partial(jax.jit, static_argnames=("causal", "chunk", "fast"))
 def _linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
-                      causal: bool, chunk: int) -> jax.Array:
+                      causal: bool, chunk: int, fast: bool = False) -> jax.Array:
   head_major = lambda x: jnp.swapaxes(x, 1, 2)                     # [B, L, H, .] <-> [B, H, L, .]
   phi_q, phi_k = elu_features(head_major(q)), elu_features(head_major(k))  # [B, H, L, D]
   v = head_major(v).astype(jnp.float32)
@@ -240,9 +325,9 @@ def _linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Ar
     real = key_mask[:, None, :, None]                              # [B, 1, Lk, 1]
     phi_k, v = jnp.where(real, phi_k, 0.0), jnp.where(real, v, 0.0)
   if causal:
-    out = _causal_core(phi_q, phi_k, v, None, chunk=chunk)
+    out = _causal_core(phi_q, phi_k, v, None, chunk=chunk, fast=fast)
   else:
-    out = bidirectional_linear_attention(phi_q, phi_k, v)
+    out = bidirectional_linear_attention(phi_q, phi_k, v, fast=fast)
   if key_mask is not None and q.shape[1] == k.shape[1]:
     out = jnp.where(key_mask[:, None, :, None], out, 0.0)
   return head_major(out).astype(q.dtype)                           # [B, Lq, H, Dv]

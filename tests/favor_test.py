@@ -124,7 +124,8 @@ def test_matches_naive_kernel(kernel, causal, length, chunk):
   mask[1, :3] = True
   key_mask = jnp.asarray(mask)
   w = favor.favor_features(jax.random.key(length), m, d)
-  kw = dict(features=w, causal=causal, key_mask=key_mask, chunk_size=chunk, kernel=kernel)
+  kw = dict(features=w, causal=causal, key_mask=key_mask, chunk_size=chunk, kernel=kernel,
+            precision="exact")
   out = favor.favor_attention(q, k, v, **kw)
   ref = _naive(_phi_np(q, w, kernel), _phi_np(k, w, kernel), np.asarray(v, np.float64), causal,
                mask, np)
@@ -251,20 +252,22 @@ def _scaled_inputs(scale, length, dtype, seed=0):
   return (*(x.astype(dtype) for x in (q, k, v)), real)
 
 
-@functools.partial(jax.jit, static_argnames="causal")
-def _out_and_grads(q, k, v, w, real, ct, causal):
+@functools.partial(jax.jit, static_argnames=("causal", "precision"))
+def _out_and_grads(q, k, v, w, real, ct, causal, precision="exact"):
   """FAVOR+ outputs, and gradients of sum(ct * out) w.r.t. q, k, v and the features. Causal
   chunks of 8 use every part of the causal sums (own key, blocks inside a chunk, earlier
   chunks)."""
   f = lambda q, k, v, w: favor.favor_attention(q, k, v, features=w, causal=causal,
-                                               key_mask=real, chunk_size=8)
+                                               key_mask=real, chunk_size=8,
+                                               precision=precision)
   out, pullback = jax.vjp(f, q, k, v, w)
   return out, pullback(ct.astype(out.dtype))
 
 
+@pytest.mark.parametrize("precision", ["exact", "fast"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("length", [16, 37])
-def test_large_inputs_give_finite_gradients_and_no_zero_rows(causal, length):
+def test_large_inputs_give_finite_gradients_and_no_zero_rows(causal, length, precision):
   """At 10x and 100x standard-normal q, k (head_dim 64, 256 features), the terms of the
   estimator span far more than float32's range. The earlier stabiliser gave NaN gradients here
   (denominators in (0, 1e-19)) and rows of exactly 0. Every real query has a real key, so no
@@ -275,7 +278,7 @@ def test_large_inputs_give_finite_gradients_and_no_zero_rows(causal, length):
   for dtype in (jnp.float32, jnp.bfloat16):
     for scale in (10.0, 100.0):
       q, k, v, real = _scaled_inputs(scale, length, dtype)
-      out, grads = _out_and_grads(q, k, v, w, real, ct, causal=causal)
+      out, grads = _out_and_grads(q, k, v, w, real, ct, causal=causal, precision=precision)
       out, v = np.asarray(out, np.float32), np.asarray(v, np.float32)
       case = (np.dtype(dtype).name, scale)
       assert np.all(np.isfinite(out)), case
@@ -366,3 +369,75 @@ def test_errors_say_what_to_do():
 def test_registered():
   assert attention.get("favor") is favor.favor_attention
   assert attention.favor_features is favor.favor_features
+
+
+# --- precision="fast": bfloat16 operands, float32 accumulation. ---
+
+U = 2.0 ** -9                                        # bfloat16's unit roundoff
+
+
+def _fast_bound(q, k, v, w):
+  """Bound on |out_fast - out_exact| from bfloat16 rounding. An exponent w_r.x' errs by at most
+  e = u sum_j |w_rj x'_j| (W d^-1/4 rounded; x is used as given), queries' and keys' together
+  2 e; every feature (as a matmul operand), value, state and chunk score is rounded once more
+  (relative u each, at most 5 roundings on a path). A weight of the average then errs by the
+  factor exp(+-D), D = 2 e + 5 u, the normalised weights by exp(+-2 D), and the output, an
+  average of values, by (exp(2 D) - 1) * 2 max |v|."""
+  xs = [np.abs(np.asarray(x, np.float64)) * x.shape[-1] ** -0.25 for x in (q, k)]
+  aw = np.abs(np.asarray(w, np.float64))
+  e = U * max(float(np.einsum("blhd,md->blhm", x, aw).max()) for x in xs)
+  big_d = 2 * e + 5 * U
+  return (np.exp(2 * big_d) - 1) * 2 * float(np.abs(np.asarray(v)).max())
+
+
+@pytest.mark.parametrize("kernel,causal,length,chunk", [
+    ("softmax", False, 37, 16), ("softmax", True, 37, 8), ("relu", False, 21, 16),
+    ("relu", True, 21, 8)])
+def test_fast_precision_within_the_bfloat16_bound(kernel, causal, length, chunk):
+  """Fast against exact and against the float64 transcription of the paper's estimator
+  (`_phi_np`, `_naive`), outputs and gradients, with padding (an all-padding row included).
+  Outputs: within `_fast_bound`. Gradients: within 4 times that bound relative to the largest
+  entry (each of the backward's matmuls rounds its operands once more), and, so that the test
+  sees a wrong backward, closer to exact than a zero gradient by a factor 10 (relu: dv only,
+  its dq and dk are discontinuous where a projection crosses 0)."""
+  rng = np.random.default_rng(length)
+  b, h, d, m = 3, 2, 16, 32
+  q, k = (_unit_rows(rng, (b, length, h, d), 1.0) for _ in range(2))
+  v = jnp.asarray(rng.normal(size=(b, length, h, 8)), jnp.float32)
+  mask = rng.random((b, length)) < 0.8
+  mask[0] = False
+  mask[1, :3] = True
+  w = favor.favor_features(jax.random.key(length), m, d)
+  attend = {p: functools.partial(favor.favor_attention, features=w, causal=causal,
+                                 key_mask=jnp.asarray(mask), chunk_size=chunk, kernel=kernel,
+                                 precision=p) for p in ("exact", "fast")}
+  fast, exact = (np.asarray(attend[p](q, k, v)) for p in ("fast", "exact"))
+  ref = _naive(_phi_np(q, w, kernel), _phi_np(k, w, kernel), np.asarray(v, np.float64), causal,
+               mask, np)
+  bound = _fast_bound(q, k, v, w)
+  assert np.abs(fast - exact).max() <= bound and np.abs(fast - ref).max() <= bound
+  assert not np.any(fast[0])
+  assert np.abs(fast - exact).max() > 0              # it did round
+
+  ct = jnp.asarray(rng.normal(size=v.shape), jnp.float32)
+  grads = {p: jax.grad(lambda q, k, v: jnp.sum(ct * attend[p](q, k, v)), argnums=(0, 1, 2))(
+      q, k, v) for p in ("fast", "exact")}
+  for name, gf, ge in zip("qkv", grads["fast"], grads["exact"]):
+    if kernel == "relu" and name != "v":
+      continue      # relu's dq, dk jump where a rounded projection crosses 0: no bound
+    gf, ge = np.asarray(gf), np.asarray(ge)
+    err = np.abs(gf - ge).max()
+    assert err <= 4 * bound * np.abs(ge).max() / np.abs(np.asarray(v)).max() + 1e-6, name
+    assert err <= 0.1 * np.abs(ge).max(), name
+
+
+def test_precision_auto_is_exact_on_cpu_and_bad_settings_are_refused():
+  rng = np.random.default_rng(0)
+  q, k, v = (_unit_rows(rng, (1, 12, 1, 16), 1.0) for _ in range(3))
+  w = favor.favor_features(jax.random.key(0), 16, 16)
+  if jax.default_backend() == "cpu":
+    np.testing.assert_array_equal(
+        favor.favor_attention(q, k, v, features=w),
+        favor.favor_attention(q, k, v, features=w, precision="exact"))
+  with pytest.raises(ValueError, match="'exact' for float32"):
+    favor.favor_attention(q, k, v, features=w, precision="bf16")

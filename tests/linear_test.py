@@ -56,7 +56,8 @@ def test_linear_attention_matches_naive(causal, length, chunk):
   rng = np.random.default_rng(length)
   q, k, v = _inputs(rng, 3, length, 2, 8, dv=5)
   key_mask = _key_mask(3, length, rng)
-  out = linear.linear_attention(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk)
+  out = linear.linear_attention(q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk,
+                                precision="exact")
   q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
   ref = _naive(_elu1(q64), _elu1(k64), v64, causal=causal, key_mask=key_mask)
   np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5, rtol=0)
@@ -66,7 +67,7 @@ def test_linear_attention_matches_naive(causal, length, chunk):
 
   def loss_fast(q, k, v):
     return jnp.sum(ct * linear.linear_attention(q, k, v, causal=causal, key_mask=key_mask,
-                                                chunk_size=chunk))
+                                                chunk_size=chunk, precision="exact"))
 
   def loss_naive(q, k, v):
     return jnp.sum(ct * _naive(_elu1(q, jnp), _elu1(k, jnp), v, causal=causal,
@@ -168,3 +169,47 @@ def test_errors_say_what_to_do():
 def test_registered():
   assert attention.get("linear") is linear.linear_attention
   assert attention.linear_attention is linear.linear_attention
+
+
+U = 2.0 ** -9                                        # bfloat16's unit roundoff
+
+
+@pytest.mark.parametrize("causal,length,chunk", [(False, 37, 16), (True, 37, 8), (True, 5, 16)])
+def test_fast_precision_within_the_bfloat16_bound(causal, length, chunk):
+  """precision="fast" against "exact" and the float64 transcription (`_naive` of elu + 1),
+  outputs and gradients, with padding. Bound: the features, values and states are rounded to
+  bfloat16 as matmul operands, causal chunk scores once more: at most D = 5 u relative on any
+  weight of the average, so |out_fast - out_exact| <= (exp(2 D) - 1) * 2 max |v|; gradients
+  within 4 times that relative to their largest entry, and closer to exact than 0 by 10x."""
+  rng = np.random.default_rng(length)
+  q, k, v = _inputs(rng, 3, length, 2, 8, dv=5)
+  key_mask = _key_mask(3, length, rng)
+  attend = {p: (lambda q, k, v, p=p: linear.linear_attention(
+      q, k, v, causal=causal, key_mask=key_mask, chunk_size=chunk, precision=p))
+            for p in ("exact", "fast")}
+  fast, exact = (np.asarray(attend[p](q, k, v)) for p in ("fast", "exact"))
+  q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+  ref = _naive(_elu1(q64), _elu1(k64), v64, causal=causal, key_mask=key_mask)
+  bound = (np.exp(2 * 5 * U) - 1) * 2 * np.abs(v64).max()
+  assert np.abs(fast - exact).max() <= bound and np.abs(fast - ref).max() <= bound
+  assert np.abs(fast - exact).max() > 0              # it did round
+  assert not np.any(fast[0])
+
+  ct = jnp.asarray(rng.normal(size=v.shape), jnp.float32)
+  grads = {p: jax.grad(lambda q, k, v: jnp.sum(ct * attend[p](q, k, v)), argnums=(0, 1, 2))(
+      q, k, v) for p in ("fast", "exact")}
+  for name, gf, ge in zip("qkv", grads["fast"], grads["exact"]):
+    gf, ge = np.asarray(gf), np.asarray(ge)
+    err = np.abs(gf - ge).max()
+    assert err <= 4 * bound * np.abs(ge).max() / np.abs(v64).max() + 1e-6, name
+    assert err <= 0.1 * np.abs(ge).max(), name
+
+
+def test_precision_auto_is_exact_on_cpu_and_bad_settings_are_refused():
+  rng = np.random.default_rng(0)
+  q, k, v = _inputs(rng, 1, 12, 1, 8)
+  if jax.default_backend() == "cpu":
+    np.testing.assert_array_equal(linear.linear_attention(q, k, v),
+                                  linear.linear_attention(q, k, v, precision="exact"))
+  with pytest.raises(ValueError, match="precision must be one of"):
+    linear.linear_attention(q, k, v, precision="half")
