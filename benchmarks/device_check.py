@@ -2,7 +2,13 @@
 
   python3 benchmarks/device_check.py PART[,PART...] --out DIR [--budget SECONDS] [--rehearse]
 
-PART is `env`, `tests`, `speed`, `grid`, `lra`, or `all` (every part in turn). Each part writes
+PART is `env`, `tests`, `speed`, `grid`, `lra`, `all` (every part in turn), or `lease`: the
+one command for a short lease, under 9 minutes of GPU time (`LEASE_BUDGETS`): `env`, `tests` on
+the files that failed on the H100 (`LEASE_TEST_FILES`), `speed` on the target points only
+(`device_speed.target_points`: dense through `auto` against cuDNN called directly, the band,
+BigBird, strided, FAVOR+ and linear targets, the band kernel's block-size sweep, cuDNN's causal
+sliding window, on a TPU the splash tile sweep; then the table of targets, met or not and how
+far), and `lra` with dense attention only. Each part writes
 JSON lines to `DIR/<part>.jsonl` and its log to `DIR/<part>.log` (and `tests` its junit xml);
 every record carries the machine (GPU model, memory, clocks, power limit and driver from
 nvidia-smi when present; jax, jaxlib, CUDA plugin, flax, optax, orbax and tokamax versions) and
@@ -52,6 +58,7 @@ each with a 360 s limit; `lra` (one kind per call, `--budget 330`) and `grid` in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import importlib
 import importlib.util
@@ -76,6 +83,16 @@ from benchmarks.device_common import Budget, Recorder, machine  # noqa: E402
 PARTS = ("env", "tests", "speed", "grid", "lra")
 # Wall seconds per part; each part is sized to finish within 5 minutes on one H100.
 BUDGETS = dict(env=60.0, tests=260.0, speed=280.0, grid=280.0, lra=280.0)
+# `lease`: one command that fits a short GPU lease. Its parts' budgets sum to 505 s, which
+# leaves about 35 s of the 9 minutes for installing the staged wheels, starting the processes
+# and the parts' own ends (each stops adding work at its budget and writes what it has).
+LEASE = "lease"
+LEASE_BUDGETS = dict(env=25.0, tests=140.0, speed=230.0, lra=110.0)
+# The test files that failed on the first H100 run (docs/gpu.md), then those its budget did not
+# reach.
+LEASE_TEST_FILES = ("flash_test.py", "kinds_test.py", "models_test.py", "backends_test.py",
+                    "pallas_block_sparse_test.py")
+LEASE_LRA_KINDS = ("dot_product",)
 TOY_BUDGET = 150.0
 # Imports the GPU machine lacks -> the package whose wheel provides it.
 NEEDED_IMPORTS = {"tensorflow_datasets": "tensorflow-datasets", "grain": "grain",
@@ -138,7 +155,8 @@ def _target_requirements() -> list[str]:
   return reqs
 
 
-def rehearse(parts: list[str], out: str, wheels_root: str, budget: float | None) -> int:
+def rehearse(parts: list[str], out: str, wheels_root: str, budget: float | None,
+             targets: bool = False) -> int:
   """Builds a fresh virtual environment like the GPU machine's and runs the parts at toy sizes
   in it; returns the worst exit status."""
   tag = f"{sys.version_info.major}{sys.version_info.minor}"
@@ -161,8 +179,21 @@ def rehearse(parts: list[str], out: str, wheels_root: str, budget: float | None)
   cmd = [python, os.path.abspath(__file__), ",".join(parts), "--out", out, "--toy",
          "--wheels", wheels_root, "--scratch", os.path.join(out, "scratch")]
   cmd += [] if budget is None else ["--budget", str(budget)]
+  cmd += ["--targets"] if targets else []
   print(f"$ {shlex.join(cmd)}", flush=True)
   return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
+@contextlib.contextmanager
+def _test_files(names: tuple[str, ...] | None):
+  """`device_runs.part_tests` on `names` instead of its `TEST_FILES` (None: unchanged)."""
+  saved = device_runs.TEST_FILES
+  if names is not None:
+    device_runs.TEST_FILES = names
+  try:
+    yield
+  finally:
+    device_runs.TEST_FILES = saved
 
 
 # ------------------------------------------------------------------------------------------------
@@ -200,16 +231,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                  help="attention kinds of the lra part, sharing its budget (default "
                       f"{','.join(device_runs.LRA_KINDS)}; one kind per call gives it the whole "
                       "budget)")
+  p.add_argument("--targets", action="store_true",
+                 help="the speed part measures the target points only (what `lease` runs)")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   names = [x.strip() for x in args.part.split(",")]
-  parts = list(PARTS) if names == ["all"] else names
+  args.lease = names == [LEASE]
+  parts = list(PARTS) if names == ["all"] else list(LEASE_BUDGETS) if args.lease else names
   bad = [x for x in parts if x not in PARTS]
   if bad or not parts:
-    p.error(f"part must be one of {', '.join(PARTS)}, all (or several joined by commas); "
-            f"got {args.part!r}")
+    p.error(f"part must be one of {', '.join(PARTS)}, all, lease (or several parts joined by "
+            f"commas); got {args.part!r}")
   args.parts = parts
   args.lra_kinds = tuple(k.strip() for k in args.lra_kinds.split(",") if k.strip())
+  if args.lease and args.lra_kinds == device_runs.LRA_KINDS:
+    args.lra_kinds = LEASE_LRA_KINDS
+  args.targets = args.targets or args.lease
   from attention import kinds as kinds_lib     # pure Python: no jax
   unknown = [k for k in args.lra_kinds if k not in kinds_lib.names()]
   if unknown or not args.lra_kinds:
@@ -226,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
   os.makedirs(out, exist_ok=True)
   toy = args.toy or args.rehearse
   if args.rehearse:
-    return rehearse(args.parts, out, args.wheels, args.budget)
+    return rehearse([LEASE] if args.lease else args.parts, out, args.wheels, args.budget,
+                    args.targets and not args.lease)
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   staged = ensure_packages(args.wheels)
   scratch = args.scratch or tempfile.mkdtemp(prefix="device-check-")
@@ -235,21 +273,24 @@ def main(argv: list[str] | None = None) -> int:
   info = dict(machine(), staged_wheels=staged)
   if args.worker:                           # the speed part's child process
     budget = Budget(args.budget or BUDGETS["speed"])
-    device_speed.speed_worker(Recorder(out, "speed", command, info), budget, toy, out)
+    worker = device_speed.targets_worker if args.targets else device_speed.speed_worker
+    worker(Recorder(out, "speed", command, info), budget, toy, out)
     return 0
   worst = 0
   for part in args.parts:
     rec = Recorder(out, part, command, info)
-    seconds = args.budget or (TOY_BUDGET if toy else BUDGETS[part])
+    seconds = args.budget or (TOY_BUDGET if toy else (LEASE_BUDGETS if args.lease
+                                                       else BUDGETS)[part])
     budget = Budget(seconds)
     rec.log(f"part {part}: budget {seconds:.0f} s{' (toy sizes)' if toy else ''}")
     try:
       if part == "env":
         device_runs.part_env(rec, budget, toy)
       elif part == "tests":
-        device_runs.part_tests(rec, budget, toy, out)
+        with _test_files(LEASE_TEST_FILES if args.lease else None):
+          device_runs.part_tests(rec, budget, toy, out)
       elif part == "speed":
-        device_speed.part_speed(rec, budget, toy, out, args.wheels)
+        device_speed.part_speed(rec, budget, toy, out, args.wheels, targets=args.targets)
       elif part == "grid":
         device_speed.part_grid(rec, budget, toy, out, scratch)
       else:

@@ -46,7 +46,13 @@ def load(folder: str) -> dict[str, list[dict]]:
 
 
 def attention_rows(records: dict) -> list[dict]:
-  return [r for r in records["speed"] if r.get("name") == "attention"]
+  """The speed part's points of the plain configurations (a `variant`: a precision setting, a
+  sweep's setting, cuDNN's window, has its own table, `variants_table`)."""
+  return [r for r in records["speed"] if r.get("name") == "attention" and not r.get("variant")]
+
+
+def variant_rows(records: dict) -> list[dict]:
+  return [r for r in records["speed"] if r.get("name") == "attention" and r.get("variant")]
 
 
 def point(rows: list[dict], case: str, dtype: str, head_dim: int, length: int) -> dict | None:
@@ -367,12 +373,41 @@ def plot(records: dict, path: str, dtype: str = "bfloat16", head_dim: int = 128)
 # ------------------------------------------------------------------------------------------------
 
 
+def variants_table(records: dict) -> str:
+  """The points of the lease's variants (`device_speed.target_points`): FAVOR+ and linear per
+  precision, the band kernel's block-size sweep, cuDNN's causal window, splash's tiles."""
+  lines = ["| case | variant | length | head dim | backend | fwd ms | fwd+bwd ms | "
+           "own TFLOP/s |", "|---|---|---:|---:|---|---:|---:|---:|"]
+  for r in variant_rows(records):
+    fb, fw = _seconds(r), _seconds(r, "fwd")
+    if fb:
+      cells = f"{fw * 1e3:.2f} | {fb * 1e3:.2f} | {r.get('fwdbwd_tflops_own', 0):.1f}"
+    else:
+      status = r.get("status", "")
+      cells = f"{status if status.startswith('not available') else short_status(r)} | | "
+    lines.append(f"| {r['case']} | {r['variant']} | {_length(r['length'])} | {r['head_dim']} | "
+                 f"{r.get('backend') or '-'} | {cells} |")
+  return "\n".join(lines)
+
+
+def lease_targets_table(records: dict) -> str:
+  """The targets of the lease's speed part (`device_speed.target_verdicts`), recomputed from
+  its points: met or not, and how far."""
+  from benchmarks.device_speed import target_verdicts, verdicts_table
+  rows = [r for r in records["speed"] if r.get("name") == "attention"]
+  return verdicts_table(target_verdicts(rows))
+
+
 def report(folder: str) -> str:
   records = load(folder)
-  return "\n\n".join([
+  sections = [
       "## Machine", machine_table(records), "## Tests", tests_table(records, folder),
       "## Speed", speed_tables(records), "## Overtaking", overtaking_table(records),
-      "## Targets", targets_table(records)])
+      "## Targets", targets_table(records)]
+  if variant_rows(records) or any(r.get("name") == "target" for r in records["speed"]):
+    sections += ["## Variants", variants_table(records), "## The lease's targets",
+                 lease_targets_table(records)]
+  return "\n\n".join(sections)
 
 
 def main(argv=None) -> int:

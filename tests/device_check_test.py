@@ -149,6 +149,158 @@ def test_dilated_band_pairs_match_the_mask():
   del masks
 
 
+def test_lease_is_one_command_under_nine_minutes(tmp_path):
+  args = device_check.parse_args(["lease", "--out", str(tmp_path)])
+  assert args.parts == ["env", "tests", "speed", "lra"] and args.lease and args.targets
+  assert args.lra_kinds == ("dot_product",)
+  assert sum(device_check.LEASE_BUDGETS.values()) <= 540 - 30     # room to start and end
+  assert device_check.LEASE_TEST_FILES[:3] == ("flash_test.py", "kinds_test.py",
+                                               "models_test.py")  # the H100's failures first
+  for name in device_check.LEASE_TEST_FILES:
+    assert os.path.exists(os.path.join(ROOT, "tests", name)), name
+  with device_check._test_files(device_check.LEASE_TEST_FILES):
+    assert device_runs.TEST_FILES == device_check.LEASE_TEST_FILES
+  assert "flash_test.py" in device_runs.TEST_FILES and "band_test.py" in device_runs.TEST_FILES
+  plain = device_check.parse_args(["env,tests", "--out", str(tmp_path)])
+  assert not plain.lease and not plain.targets and plain.lra_kinds == device_runs.LRA_KINDS
+
+
+def test_target_points_cover_every_target():
+  points = device_speed.target_points(False, "gpu")
+  keys = [device_speed._target_key(p) for p in points]
+  assert len(keys) == len(set(keys))
+  have = set(keys)
+  for d in (64, 128):
+    for n in (4096, 16384, 32768):
+      for case in ("cudnn_dense", "dot_product"):
+        assert (case, "", "bfloat16", d, n) in have
+  for case, n in (("band_w256_g16", 32768), ("band_w512_dil", 32768), ("bigbird", 32768),
+                  ("sparse_strided", 4096), ("sparse_strided", 65536)):
+    assert (case, "", "bfloat16", 128, n) in have
+  for case in ("favor", "linear"):
+    for p in ("fast", "exact"):
+      assert (case, f"precision={p}", "bfloat16", 128, 16384) in have
+  assert {k[1] for k in keys if k[0] == "cudnn_window"} == {"window=256", "window=512"}
+  sweep = [p for p in points if "sweep" in p]
+  assert len(sweep) == len(device_speed.BAND_SWEEP) >= 4
+  assert not any("tiles" in p for p in points)                      # splash: TPU only
+  assert sum("tiles" in p for p in device_speed.target_points(False, "tpu")) == len(
+      device_speed.SPLASH_SWEEP)
+  from attention import splash
+  for tiles in device_speed.SPLASH_SWEEP:
+    splash.splash_tiles(tiles)                                      # valid tiles
+  assert all(p["batch"] * p["length"] >= device_speed.TOKENS and
+             p["heads"] * p["head_dim"] == device_speed.WIDTH for p in points)
+  for p in points + device_speed.target_points(True, "cpu"):
+    assert device_speed._target_case(p)["name"] == p["case"]
+
+
+def _target_rows(times, toy=False):
+  rows = []
+  for (case, variant, d, n), value in times.items():
+    r = dict(case=case, variant=variant, dtype="bfloat16", head_dim=d, length=n, status="ok")
+    if case == "sparse_strided":
+      r["fwdbwd_tflops_own"], r["fwdbwd_s"] = value, 1.0
+    else:
+      r["fwdbwd_s"] = value * 1e-3
+    rows.append(r)
+  return rows
+
+
+class _Verdicts(dict):
+  """The verdicts by target; `v[prefix]` is the one target starting with `prefix`."""
+
+  def __getitem__(self, prefix):
+    found = [t for name, t in self.items() if name.startswith(prefix)]
+    assert len(found) == 1, (prefix, list(self))
+    return found[0]
+
+
+def _verdicts(times):
+  return _Verdicts({v["target"]: v for v in device_speed.target_verdicts(_target_rows(times))})
+
+
+def test_target_verdicts_at_their_bounds():
+  dense = {(c, "", d, n): t for d in (64, 128) for n in (4096, 16384, 32768)
+           for c, t in (("cudnn_dense", 10.0), ("dot_product", 10.5))}
+  times = {**dense, **{("band_w256_g16", "", 128, 32768): 2.0,
+                         ("band_w256_g16", "block_q=64,block_k=64", 128, 32768): 1.5,
+                         ("band_w512_dil", "", 128, 32768): 3.01,
+                         ("bigbird", "", 128, 32768): 4.0,
+                         ("favor", "precision=fast", 128, 16384): 1.4,
+                         ("linear", "precision=fast", 128, 16384): 0.6,
+                         ("sparse_strided", "", 128, 4096): 100.0,
+                         ("sparse_strided", "", 128, 65536): 70.0,
+                         ("favor", "precision=fast", 128, 4096): 9.9,
+                         ("linear", "precision=fast", 128, 4096): 10.0}}
+  v = _verdicts(times)
+  assert v["dense through auto within 5% of cuDNN direct"]["met"] is True     # 1.05x: the bound
+  assert v["band w256 + 16 globals"]["met"] is True
+  assert "best of the sweep 1.50 ms (block_q=64,block_k=64)" in v["band w256 + 16 globals"][
+      "measured"]
+  assert v["band w512 dilated"]["met"] is False
+  assert v["band w512 dilated"]["measured"] == "3.01 ms = 1.00x the bound"
+  assert v["BigBird"]["met"] is True and v["FAVOR+"]["met"] is True
+  assert v["linear (fast), 16K"]["met"] is False
+  assert v["linear (fast), 16K"]["ratio"] == pytest.approx(1.2)
+  assert v["strided sparse own TFLOP/s at 64K >= 70% of 4K's"]["met"] is True
+  assert v["favor (fast) faster than cuDNN dense at 4K"]["met"] is True
+  assert v["linear (fast) faster than cuDNN dense at 4K"]["met"] is False   # equal: not faster
+  times[("dot_product", "", 64, 32768)] = 10.6                         # 1.06x
+  times[("sparse_strided", "", 128, 65536)] = 69.0
+  v = _verdicts(times)
+  assert v["dense through auto within 5% of cuDNN direct"]["met"] is False
+  assert "worst 1.06x cuDNN's time at d=64 32K" in v[
+      "dense through auto within 5% of cuDNN direct"]["measured"]
+  assert v["strided sparse own TFLOP/s at 64K >= 70% of 4K's"]["met"] is False
+
+
+def test_target_verdicts_say_what_was_not_measured():
+  rows = _target_rows({("cudnn_dense", "", 128, 4096): 10.0, ("dot_product", "", 128, 4096): 9.0})
+  rows.append(dict(case="bigbird", variant="", dtype="bfloat16", head_dim=128, length=32768,
+                   status="skipped: budget"))
+  v = {t["target"]: t for t in device_speed.target_verdicts(rows)}
+  dense = v["dense through auto within 5% of cuDNN direct, 4K-32K, d 64 and 128"]
+  assert dense["met"] is None and "not measured: d=128 16K (no record)" in dense["measured"]
+  assert v["BigBird, 32K, fwd+bwd <= 4 ms"] == dict(
+      target="BigBird, 32K, fwd+bwd <= 4 ms", measured="not measured: skipped: budget",
+      met=None, ratio=None)
+  table = device_speed.verdicts_table(device_speed.target_verdicts(rows))
+  assert table.count("| not measured |") == len(device_speed.target_verdicts(rows))
+
+
+def test_the_sweep_passes_only_what_the_kernel_takes(monkeypatch):
+  def old_kernel(q, k, v, *, window, block_q=None, block_k=None):
+    return q
+
+  def new_kernel(q, k, v, *, window, block_q=None, block_k=None, num_warps=None,
+                 num_stages=None):
+    return q
+
+  point = next(p for p in device_speed.target_points(True, "cpu") if "sweep" in p)
+  case = device_speed._target_case(point)
+  for kernel, available in ((old_kernel, False), (new_kernel, True)):
+    monkeypatch.setattr(device_speed, "_kind_function", lambda *a, **k: (
+        lambda q, k_, v, **more: kernel(q, k_, v, window=256, **more), "pallas", kernel))
+    attend, backend, why = device_speed._target_function(point, case, None)
+    if available:
+      assert attend is not None and why == ""
+    else:
+      assert attend is None and why == ("not available: the band kernel takes no num_warps, "
+                                        "num_stages")
+  assert device_speed.accepted(lambda q, **kw: q, ("num_warps",)) == ["num_warps"]
+
+
+def test_precision_setting_is_read_from_the_kinds():
+  import inspect
+
+  import attention
+  assert device_speed.precision_argument("dot_product") is None
+  for kind in ("favor", "linear"):
+    name = device_speed.precision_argument(kind)
+    assert name is not None and name in inspect.signature(attention.get(kind)).parameters
+
+
 @pytest.mark.slow
 def test_rehearsal_of_every_part(tmp_path):
   """Stages the wheels for this Python, builds a fresh environment like the GPU machine's and

@@ -163,3 +163,24 @@ def test_the_plot_series_and_the_png(tmp_path):
   assert (tmp_path / "gpu.png").stat().st_size > 10000
   texts = [t for t, _ in canvas.texts]
   assert all(case in texts for case in series)
+
+
+def test_variants_have_their_own_table_and_the_lease_targets(tmp_path):
+  records = _synthetic(tmp_path, [("cudnn_dense", 32768, 0.010), ("band_w256_g16", 32768, 0.003)])
+  sweep = dict(records["speed"][-1], variant="block_q=64,block_k=64,num_warps=4,num_stages=2",
+               fwdbwd_s=0.0015, fwd_s=0.0005)
+  missing = dict(records["speed"][-1], variant="block_q=128,block_k=128,num_warps=8,num_stages=2",
+                 status="not available: the band kernel takes no num_warps")
+  del missing["fwdbwd_s"], missing["fwd_s"]
+  records["speed"] += [sweep, missing]
+  # the plain tables keep the plain point (3 ms), never the sweep's (1.5 ms)
+  band = _targets_row(gpu_report.speed_tables(records), "band_w256_g16 [")
+  assert "| 3.00 |" in band and "1.50" not in band
+  assert [r.get("variant") for r in gpu_report.attention_rows(records)] == [None, None]
+  table = gpu_report.variants_table(records)
+  assert "| band_w256_g16 | block_q=64,block_k=64,num_warps=4,num_stages=2 | 32K | 128 | xla " \
+         "| 0.50 | 1.50 |" in table
+  assert "not available" in _targets_row(table, "band_w256_g16 | block_q=128")
+  lease = gpu_report.lease_targets_table(records)
+  assert "| band w256 + 16 globals, 32K, fwd+bwd <= 2.0 ms | 3.00 ms = 1.50x the bound; best of " \
+         "the sweep 1.50 ms (block_q=64,block_k=64,num_warps=4,num_stages=2) | not met |" in lease
