@@ -13,9 +13,10 @@ block parameters keep their meaning (the pattern) and the xla compute block (`ba
 `sparse`'s `block_size`) is accepted and ignored.
 
 How the kinds map onto the kernel:
-  * The mask of every head comes from the kind's pattern at tile granularity
-    (`attention.splash_masks`): never an `L x L` array, built in numpy once per static
-    configuration and cached. Per-head patterns (dilation, BigBird's random blocks, `fixed`'s
+  * The mask of every head comes from the kind's pattern: through splash's public mask classes
+    where they express it (dense, causal, band without dilation: `splash_masks.public_mask`),
+    else at tile granularity (`attention.splash_masks`); never an `L x L` array, built once per
+    static configuration and cached. Per-head patterns (dilation, BigBird's random blocks, `fixed`'s
     summary offsets) are one mask per head.
   * Padding is data, so it goes through segment ids: every query has segment 0, a usable key
     0, a padded key 1. Lengths are padded to a multiple of the tiles the same way. Padded
@@ -149,6 +150,10 @@ def _kernel(patterns: tuple[Pattern, ...], q_len: int, kv_len: int, main_len: in
   the forward tiles, the dK/dV one at the dK/dV tiles, built from the patterns. The fused
   backward writes dQ at every step of its grid, so its dK/dV grid is not shrunk (as
   `make_splash_mha` does; shrunk, its dQ is wrong)."""
+  public = splash_masks.public_mask(patterns, q_len, kv_len, main_len)
+  if public is not None:                 # splash builds the MaskInfo of its own mask classes
+    return _splash.make_splash_mha(public, block_sizes=t.block_sizes(), head_shards=1,
+                                   q_seq_shards=1, interpret=interpret)
   fwd = splash_masks.mask_infos(patterns, q_len, kv_len, main_len, t.block_q, t.block_kv)[0]
   dkv = splash_masks.mask_infos(patterns, q_len, kv_len, main_len, t.block_q_dkv,
                                 t.block_kv_dkv, not t.use_fused_bwd_kernel)[1]

@@ -22,6 +22,15 @@ fronts (`attention.splash`) zero the rows that have no allowed key.
 
 Built masks are cached per static configuration (`mask_infos` is an `lru_cache` on the
 hashable patterns and sizes).
+
+Where splash's public mask classes express every head's pattern, they are used instead
+(`public_mask`): dense (`FullMask`), causal (`CausalMask`) and the band without dilation
+(`LocalMask`), one per head in a `MultiHeadMask`, for a layer without appended columns (band
+global tokens). Splash then builds the `MaskInfo` itself (`make_splash_mha`), deduplicating
+equal heads, and for a single causal or local mask computes the partial tiles' mask inside the
+kernel from positions instead of storing tiles. Dilated bands, appended global columns,
+block-local, strided, fixed, BigBird and block layouts have no public class short of an
+`L x L` `NumpyMask`, so they keep the `MaskInfo` built here.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _public
 
 from attention import masks, validation
 
@@ -272,6 +282,24 @@ def _bigbird_patterns(num_blocks: int, block: int, num_global_blocks: int,
                                        num_random_blocks=num_random_blocks, seed=seed,
                                        num_heads=num_heads)
   return layout_patterns(layout, block, causal=False)
+
+
+def public_mask(patterns: tuple[Pattern, ...], q_len: int, kv_len: int,
+                main_len: int) -> _public.MultiHeadMask | None:
+  """Splash's public mask of one pattern per head over padded lengths `q_len x kv_len`, or None
+  when a head's pattern has no public class (or there are appended columns, `main_len <
+  kv_len`)."""
+  if main_len != kv_len:
+    return None
+  shape, heads = (q_len, kv_len), []
+  for p in patterns:
+    if type(p) is DensePattern:
+      heads.append(_public.CausalMask(shape) if p.causal else _public.FullMask(shape))
+    elif type(p) is BandPattern and p.dilation == 1:      # |i - j| <= w (causal: j <= i)
+      heads.append(_public.LocalMask(shape, (p.window, 0 if p.causal else p.window), 0))
+    else:
+      return None
+  return _public.MultiHeadMask(tuple(heads))
 
 
 class MaskInfo(NamedTuple):

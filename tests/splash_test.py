@@ -502,3 +502,36 @@ def test_config_tiles_are_the_defaults_and_checked():
   with pytest.raises(ValueError, match=r"^config\.model\.splash\.block_kv_compute = 384 must "
                                        r"divide block_kv = 512"):
     schema.check(config)
+
+
+# --- Splash's public mask classes where they express the pattern. ---
+
+@pytest.mark.parametrize("patterns, classes", [
+    ((DensePattern(False),) * 2, {"FullMask"}),
+    ((DensePattern(True),), {"CausalMask"}),
+    ((BandPattern(37, 1), BandPattern(128, 1, True)), {"LocalMask"}),
+])
+def test_public_masks_equal_the_kind_masks(patterns, classes):
+  length = 384
+  mask = splash_masks.public_mask(patterns, length, length, length)
+  assert {type(m).__name__ for m in mask.masks} == classes
+  for p, m in zip(patterns, mask.masks):
+    np.testing.assert_array_equal(m[:, :], _pairs(p, length, length))
+  # the band's edges: w away is in, w + 1 out
+  band = splash_masks.public_mask((BandPattern(37, 1),), length, length, length).masks[0]
+  row = band[100:101, :][0]
+  assert row[137] and row[63] and not row[138] and not row[62]
+
+
+def test_patterns_without_a_public_class_keep_their_own_mask_info():
+  assert splash_masks.public_mask((BandPattern(5, 2),), 256, 256, 256) is None
+  assert splash_masks.public_mask((BandPattern(5, 1), BandPattern(5, 2)), 256, 256, 256) is None
+  assert splash_masks.public_mask((BandPattern(5, 1),), 256, 384, 256) is None   # global columns
+  assert splash_masks.public_mask((StridedPattern(19),), 256, 256, 256) is None
+  kernel = splash._kernel((BandPattern(5, 1),) * 2, 256, 256, 256, splash.Tiles().fit(256, 256),
+                          True)
+  assert kernel.fwd_mask_info.partial_mask_blocks is None        # the mask computed in-kernel
+
+
+def test_undilated_band_on_the_public_mask():
+  _band_case((140, 1, 30, 1, False, False, True))               # padded, not a tile multiple
