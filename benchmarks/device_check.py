@@ -51,8 +51,10 @@ and what else that machine holds (`device_wheels.TARGET_HAS`) installed from the
 rest only from the staged wheels for this machine's Python (`make device-wheels
 PYTHON_TAG=311`), which proves the staging list complete.
 
-On a 15-minute lease (docs/accelerators.md): `env,tests` in one call and `speed` in a second,
-each with a 360 s limit; `lra` (one kind per call, `--budget 330`) and `grid` in later leases.
+On a 15-minute lease (docs/accelerators.md): `lease` in one call with a 600 s limit (its parts
+take at most about 9 minutes), leaving time for one rerun; the first run's `env,tests` and
+`speed` calls (360 s limits), `lra` with band (one kind per call, `--budget 330`) and `grid`
+in later leases.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """The `speed` and `grid` parts of the device check (see benchmarks/device_check.py).
 
+`speed --targets` (what `lease` runs) measures `target_points` instead of the tiers: each target
+of the issue at its length, the band kernel's block-size sweep, cuDNN's causal sliding window and
+on a TPU the splash tile sweep; then `target_verdicts`, each target met or not and how far.
+
 `speed` runs its measurements in a child process (`device_check.py speed --worker`): a kernel
 that kills the process costs only the point it was measuring, which is recorded as crashed, and
 a new child continues after it (the case's longer lengths of that tier are skipped).
