@@ -13,7 +13,12 @@ them with `attention.block_sparse.sparse_core`, only over the blocks they use:
     columns are cut out, so all heads share one plan.
   * `strided` (Child et al. 2019) = local part 0 < |i - j| < stride (a band of blocks with a token
     predicate) + strided part stride | (i - j): a reshape-transpose puts each residue class mod
-    stride in a contiguous run, where the strided part is block-diagonal attention.
+    stride in a contiguous run, where the strided part is block-diagonal attention with one
+    dense block per class (`strided_parts`, which takes the two attention calls as arguments,
+    so any kernel that returns its log-sum-exp runs the pattern the same way). Computed in
+    token order, the strided part would visit a tile for every tile pair whose distance range
+    holds a multiple of the stride, each tile holding one diagonal of pairs: its work per tile
+    would fall as 1 / tile side, and its tiles grow as L^2.
   * `bigbird` (Zaheer et al. 2020, ITC): the block layout of `masks.bigbird_block_pattern`
     (3-block window, global blocks, seeded random blocks per head) on the block kernel.
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -139,18 +145,80 @@ def _summary_part(q: jax.Array, k: jax.Array, v: jax.Array, key_ok: jax.Array, *
   return sparse_core(q, cut(k), cut(v), ok_summary, plan)
 
 
-def _class_major(x: jax.Array, stride: int) -> jax.Array:
+def class_major(x: jax.Array, stride: int) -> jax.Array:
   """`[B, m * stride, ...]` token order -> residue-class order (class r holds r, r + stride...)."""
   b_, lp = x.shape[:2]
   x = x.reshape((b_, lp // stride, stride) + x.shape[2:])
   return jnp.swapaxes(x, 1, 2).reshape((b_, lp) + x.shape[3:])
 
 
-def _token_major(x: jax.Array, stride: int) -> jax.Array:
-  """Inverse of `_class_major`."""
+def token_major(x: jax.Array, stride: int) -> jax.Array:
+  """Inverse of `class_major`."""
   b_, lp = x.shape[:2]
   x = x.reshape((b_, stride, lp // stride) + x.shape[2:])
   return jnp.swapaxes(x, 1, 2).reshape((b_, lp) + x.shape[3:])
+
+
+def class_length(length: int, stride: int, multiple: int = 1) -> int:
+  """Tokens per residue class in `strided_parts`: ceil(length / stride), rounded up to a
+  multiple of `multiple` (a kernel's tile, so that every class fills whole tiles)."""
+  m = -(-length // stride)
+  return -(-m // multiple) * multiple
+
+
+def strided_parts(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
+                  stride: int, local: Callable[..., tuple[jax.Array, jax.Array]],
+                  diagonal: Callable[..., tuple[jax.Array, jax.Array]],
+                  multiple: int = 1) -> jax.Array:
+  """The strided pattern from two attention calls that each do full work per block.
+
+  The pairs stride | (i - j) are, in residue-class order (`class_major`: token a * stride + r at
+  r * m + a), the blocks of a block-diagonal layout with one block of m = `class_length(L,
+  stride, multiple)` tokens per class; in order within a class, so causal inside a block is
+  causal in tokens. The other pairs, 0 < |i - j| < stride, are a band in token order. The two
+  key sets are disjoint; the parts are merged by their log-sum-exps.
+
+  Args:
+    q, k, v: `[B, L, H, .]` self-attention inputs.
+    key_mask: optional bool `[B, L]`, True = real token.
+    stride: the pattern's stride.
+    local: `(q, k, v, key_ok) -> (out, lse)` in token order on the unpadded length: pairs with
+      0 < |i - j| < stride (and j < i when causal); out `[B, L', H, Dv]` float32 normalised,
+      lse `[B, L', H]` (NEG_INF for a query with none), L' >= L.
+    diagonal: `(q, k, v, key_ok, block) -> (out, lse)` on class-major arrays of
+      `stride * block` tokens: block-diagonal attention, blocks of `block` tokens (causal inside
+      the block when the pattern is); padded tokens come with key_ok False.
+    multiple: the class length is rounded up to a multiple of this (a kernel's tile).
+
+  Returns:
+    `[B, L, H, Dv]` in q's dtype; padded queries output 0.
+  """
+  b_, length = q.shape[:2]
+  key_ok = jnp.ones((b_, length), bool) if key_mask is None else key_mask
+  block = class_length(length, stride, multiple)
+  padded = [class_major(pad_tokens(x, block * stride), stride) for x in (q, k, v, key_ok)]
+  out_c, lse_c = diagonal(*padded, block)
+  out_l, lse_l = local(q, k, v, key_ok)
+  out, _ = merge_parts([(token_major(out_c, stride)[:, :length],
+                         token_major(lse_c, stride)[:, :length]),
+                        (out_l[:, :length], lse_l[:, :length])])
+  return finish(out, key_mask, length, q.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("local", "classes", "stride"))
+def _strided(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
+             local: Static, classes: Static, stride: int) -> jax.Array:
+  """The xla path of the strided pattern: `strided_parts` on `sparse_core`."""
+
+  def near(q, k, v, key_ok):
+    lp = local.nqb * local.q_block
+    return sparse_core(*(pad_tokens(x, lp) for x in (q, k, v, key_ok)), local)
+
+  def diagonal(q, k, v, key_ok, block):
+    assert block == classes.q_block, (block, classes.q_block)
+    return sparse_core(q, k, v, key_ok, classes)
+
+  return strided_parts(q, k, v, key_mask, stride=stride, local=near, diagonal=diagonal)
 
 
 @functools.partial(jax.jit, static_argnames=("plans", "pattern", "stride", "width", "offsets",
@@ -165,18 +233,12 @@ def _run(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *
   key_ok = jnp.ones((b_, length), bool) if key_mask is None else key_mask
   parts = []
   for i, (name, plan) in enumerate(plans):
-    if name == "class":                           # strided part: residue classes, block-diagonal
-      lp = plan.nqb * plan.q_block
-      args = [_class_major(pad_tokens(x, lp), stride) for x in (q, k, v, key_ok)]
-      out, lse = sparse_core(*args, plan)
-      out, lse = _token_major(out, stride), _token_major(lse, stride)
+    lp = plan.nqb * plan.q_block
+    args = [pad_tokens(x, lp) for x in (q, k, v, key_ok)]
+    if name == "summary":
+      out, lse = _summary_part(*args, plan=plan, offsets=offsets, stride=stride, width=width)
     else:
-      lp = plan.nqb * plan.q_block
-      args = [pad_tokens(x, lp) for x in (q, k, v, key_ok)]
-      if name == "summary":
-        out, lse = _summary_part(*args, plan=plan, offsets=offsets, stride=stride, width=width)
-      else:
-        out, lse = _group_part(*args, plan=plan)
+      out, lse = _group_part(*args, plan=plan)
     lse = lse if not log_weights or not log_weights[i] else lse + log_weights[i]
     parts.append((out[:, :length], lse[:, :length]))
   out, _ = merge_parts(parts)
@@ -220,12 +282,11 @@ def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, 
     nb = -(-length // block)
     local = make_plan(_near_layout(nb, block, stride, causal), q_block=block, k_block=block,
                       causal=causal, pair=_Near(stride), batch_heads=b_ * h)
-    m = -(-length // stride)
+    m = class_length(length, stride)
     pos = np.arange(m * stride).reshape(m, stride).T.reshape(-1)           # class-major positions
     classes = make_plan(np.eye(stride, dtype=bool), q_block=m, k_block=m, causal=causal,
                         q_pos=pos, k_pos=pos, batch_heads=b_ * h)
-    return _run(q, k, v, key_mask, plans=(("local", local), ("class", classes)),
-                pattern=pattern, stride=stride)
+    return _strided(q, k, v, key_mask, local=local, classes=classes, stride=stride)
   width = max(1, stride // 8) if summary_width is None else validation.positive_int(
       "summary_width", summary_width)
   offsets = masks.fixed_summary_offsets(stride=stride, summary_width=width, num_heads=h,

@@ -67,6 +67,41 @@ def test_strided_matches_dense(length, stride, block, causal, pad, stream):
          seed=length)
 
 
+@pytest.mark.parametrize("length,stride,causal,pad,multiple", [
+    (50, 8, False, True, 4),      # classes of 7 padded to 8 tokens
+    (61, 8, True, True, 16),      # causal, classes of 8 padded to a 16-token tile
+    (37, 5, True, False, 1),      # odd stride, length not a multiple of it
+])
+def test_strided_parts_with_tile_padded_classes(length, stride, causal, pad, multiple):
+  """`strided_parts` as a kernel with tiles would call it: each residue class padded to a
+  multiple of the tile, the class part one block-diagonal call with blocks of the padded class
+  length, the band part in token order; equal to the dense strided mask, values and gradients."""
+  from attention.block_sparse import pad_tokens, sparse_core
+  bh = 2 * 2
+  nb = -(-length // stride)
+  near_plan = block_sparse_plan.make_plan(
+      sparse_patterns._near_layout(nb, stride, stride, causal), q_block=stride, k_block=stride,
+      causal=causal, pair=sparse_patterns._Near(stride), batch_heads=bh)
+  blocks = []
+
+  def near(q, k, v, ok):
+    return sparse_core(*(pad_tokens(x, nb * stride) for x in (q, k, v, ok)), near_plan)
+
+  def diagonal(q, k, v, ok, block):
+    blocks.append(block)
+    assert q.shape[1] == block * stride and ok.shape == q.shape[:2]
+    plan = block_sparse_plan.make_plan(np.eye(stride, dtype=bool), q_block=block, k_block=block,
+                                       causal=causal, batch_heads=bh)
+    return sparse_core(q, k, v, ok, plan)
+
+  fast = lambda q, k, v, km: sparse_patterns.strided_parts(
+      q, k, v, km, stride=stride, local=near, diagonal=diagonal, multiple=multiple)
+  _check(fast, masks.strided_mask(length, stride=stride, causal=causal), length, 2, causal, pad,
+         seed=length)
+  assert blocks[0] == sparse_patterns.class_length(length, stride, multiple)
+  assert blocks[0] % multiple == 0 and blocks[0] >= -(-length // stride)
+
+
 @pytest.mark.parametrize("length,causal,pad,offsets", [
     (50, False, True, None),      # bidirectional encoder, per-head summary offsets
     (61, True, False, None),      # causal
