@@ -27,8 +27,6 @@ CORE = [
     "tqdm==4.70.1",
     # Hugging Face checkpoints read as NumPy arrays, without torch (models/pretrained.py).
     "safetensors==0.8.0",
-    # Attention kernels for GPU (Mosaic GPU, Triton, cuDNN) with XLA fallbacks that run anywhere.
-    "tokamax==0.0.12",
 ]
 
 setup(
@@ -49,6 +47,10 @@ setup(
         "bench": ["torch==2.13.0", "transformers==5.23.0", "matplotlib==3.11.2"],
         # Mutation testing (`make mutation MODULE=...`, docs/testing.md); not needed by CI.
         "mutation": ["cosmic-ray==8.7.0"],
+        # tokamax's attention kernels (GPU), used only when named: implementation=tokamax.
+        # 0.0.12's Mosaic GPU and Triton kernels do not build on jax 0.11 (docs/accelerators.md);
+        # `auto` uses jax's own cuDNN attention instead.
+        "tokamax": ["tokamax==0.0.12"],
     },
     entry_points={"console_scripts": ["lra=launch.entry:main"]},
 )

@@ -7,22 +7,28 @@ portable function, so the layer calls either the same way:
 | backend | module | computes | where it is fast |
 |---|---|---|---|
 | `xla` | the kind's own module | every kind: blocked einsums composed by XLA | everywhere; the CPU default |
-| `tokamax` | `attention.tokamax_backend` | dense, causal, padded, band without dilation or globals | GPU (Mosaic GPU / Triton / cuDNN kernels) |
+| `cudnn` | `attention.cudnn_backend` | dense, causal, padded; causal band (per-head dilation, no global tokens) | GPU, bfloat16/float16 (jax's own cuDNN flash attention) |
+| `tokamax` | `attention.tokamax_backend` | dense, causal, padded, band without dilation or globals | GPU, when its kernels build (an optional extra, never picked by `auto`) |
 | `splash` | `attention.splash` | every pattern that is a block mask: band (per-head dilation, globals), BigBird, strided/fixed, block-local, block-sparse, dense | TPU (splash attention skips empty blocks) |
 | `pallas` | `attention.pallas_band`, `attention.pallas_block_sparse` | band with per-head dilation and global tokens; BigBird, strided/fixed, block-local, block-sparse | GPU (our Pallas kernels) |
 
 `config.model.attention.implementation` is `auto` (the default) or one of those names. `auto`
 resolves per layer, at build time, from the platform (`choose`):
-- GPU: tokamax for dense layers and for band layers that have no dilation and no global tokens
-  (when a tokamax kernel builds on this jax: `tokamax_backend.fast_kernels`), our Pallas kernels
-  for the other band layers and for the block-pattern kinds (bigbird, sparse, block_local,
-  block_sparse), `xla` for the rest;
+- GPU: cudnn for dense layers (`dot_product`, `flash`) and for causal band layers without
+  global tokens (the character LMs; dilation included); our Pallas kernels for the other band
+  layers (two-sided, or with global tokens) and for the block-pattern kinds (bigbird, sparse,
+  block_local, block_sparse); `xla` for the rest. The cudnn functions decide at call time, when
+  the dtype is known: float32, a head dimension cuDNN refuses, or padding that is not trailing
+  runs the kind's `xla` function (`attention.cudnn_backend`).
 - TPU: splash for every kind it computes, `xla` for the rest;
 - anywhere else (the CPU): `xla`.
+`auto` never picks tokamax: tokamax 0.0.12's Mosaic GPU and Triton kernels do not build on the
+jax of our GPU machine (docs/gpu.md), and no tokamax kernel has been measured to beat cuDNN
+there; tokamax runs when named, if installed (`pip install .[tokamax]`).
 A backend named explicitly must compute the layer's pattern exactly (`check`): asking tokamax
-for a dilated band is refused in one line, not approximated. On a platform without the
-backend's kernels, `splash` and `pallas` run in Pallas interpret mode (slow; for tests) and
-tokamax runs its XLA implementation.
+for a dilated band, or cudnn for a two-sided band, is refused in one line, not approximated. On
+a platform without the backend's kernels, `splash` and `pallas` run in Pallas interpret mode
+(slow; for tests), tokamax runs its XLA implementation and cudnn the kind's `xla` function.
 
 Paths that compute attention their own way use `xla` whatever `auto` says: relative positions
 (Transformer-XL), a memory of past segments, the sequence split over devices, MPNet's permutation
@@ -32,6 +38,7 @@ masks; naming another backend with those is refused by the config check (`lra.sc
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any, Callable, Mapping
 
 from attention import kinds
@@ -41,7 +48,8 @@ IMPLEMENTATIONS = (AUTO,) + kinds.BACKENDS
 
 # backend -> module holding its functions (the `xla` functions are the kinds' own), or, for a
 # backend split over modules, kind -> module.
-MODULES = {"tokamax": "attention.tokamax_backend", "splash": "attention.splash",
+MODULES = {"cudnn": "attention.cudnn_backend", "tokamax": "attention.tokamax_backend",
+           "splash": "attention.splash",
            "pallas": {"band": "attention.pallas_band",
                       **{kind: "attention.pallas_block_sparse"
                          for kind in ("bigbird", "block_local", "block_sparse", "sparse")}}}
@@ -54,24 +62,29 @@ def _dilated(args: Mapping[str, Any]) -> bool:
   return any(int(d) != 1 for d in values)
 
 
-def _tokamax_window_kernel() -> bool:
-  """Whether tokamax has a kernel for a local window here; without one its window is an XLA
-  L x L mask, and band layers go to our Pallas kernel (`tokamax_backend.fast_kernels`)."""
-  from attention import tokamax_backend
-  return tokamax_backend.fast_kernels()
+def _tokamax_installed() -> bool:
+  return importlib.util.find_spec("tokamax") is not None
 
 
 def unable(kind: str, backend: str, args: Mapping[str, Any], *, global_tokens: bool = False,
-           causal: bool = False) -> str | None:
+           causal: bool | None = None) -> str | None:
   """None when `backend` computes kind `kind` with config arguments `args` exactly; otherwise
   the reason (one sentence). `global_tokens`: the layer has global tokens (LED's encoder);
-  `causal`: the layer is causal."""
+  `causal`: the layer is causal (None: not known here, as in the config check, which then
+  lets the layer refuse when it is built)."""
   record = kinds.get(kind)
   if backend not in kinds.BACKENDS:
     return f"unknown implementation {backend!r}; valid: {', '.join(IMPLEMENTATIONS)}."
   if backend not in record.backends:
     return (f"attention {kind!r} has no {backend} implementation (it has "
             f"{', '.join(record.backends)}).")
+  if backend == "tokamax" and not _tokamax_installed():
+    return "tokamax is not installed (it is the optional extra: pip install '.[tokamax]')."
+  if backend == "cudnn" and kind == "band":
+    if global_tokens:
+      return "cuDNN's sliding window has no global tokens."
+    if causal is False:
+      return "cuDNN's sliding window is one-sided: it computes causal band layers only."
   if backend == "tokamax" and kind == "band":
     if _dilated(args):
       return "tokamax's local window has no dilation."
@@ -89,10 +102,11 @@ def unable(kind: str, backend: str, args: Mapping[str, Any], *, global_tokens: b
 
 def choose(kind: str, args: Mapping[str, Any] | None = None, *, implementation: str = AUTO,
            platform: str | None = None, global_tokens: bool = False,
-           causal: bool = False) -> str:
+           causal: bool | None = None) -> str:
   """The backend of a layer of kind `kind` with config arguments `args` on `platform` (default:
   jax's default backend). `implementation` other than `auto` is checked and returned; an
-  impossible one raises ValueError saying what to use instead."""
+  impossible one raises ValueError saying what to use instead. `auto` gives a band layer to
+  cudnn only when it is known to be causal (`causal=True`)."""
   args = dict(args or {})
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"implementation {implementation!r} is unknown; valid: "
@@ -107,9 +121,9 @@ def choose(kind: str, args: Mapping[str, Any] | None = None, *, implementation: 
     import jax
     platform = jax.default_backend()
   if platform == "gpu":
-    if (unable(kind, "tokamax", args, global_tokens=global_tokens, causal=causal) is None
-        and (kind != "band" or _tokamax_window_kernel())):
-      return "tokamax"
+    if (unable(kind, "cudnn", args, global_tokens=global_tokens, causal=causal) is None
+        and (kind != "band" or causal is True)):
+      return "cudnn"
     if unable(kind, "pallas", args, global_tokens=global_tokens, causal=causal) is None:
       return "pallas"
   elif platform == "tpu":
@@ -120,7 +134,7 @@ def choose(kind: str, args: Mapping[str, Any] | None = None, *, implementation: 
 
 def function(kind: str, implementation: str = AUTO, *, args: Mapping[str, Any] | None = None,
              platform: str | None = None, global_tokens: bool = False,
-             causal: bool = False) -> Callable:
+             causal: bool | None = None) -> Callable:
   """The function computing kind `kind` through `implementation` (resolved by `choose`), with
   the keyword interface of the kind's portable function."""
   backend = choose(kind, args, implementation=implementation, platform=platform,

@@ -16,7 +16,9 @@ it, and from a diff of jax's public modules between the tags:
 - Private modules (`jax._src...`) move freely between releases: the jaxpr pass that the FLOP
   counter uses comes from the public `jax.interpreters.partial_eval` here (`dce_jaxpr`), and the
   jaxpr types from `jax.extend.core` (`jaxpr_types`).
-- `jax.nn.dot_product_attention`, `jax.shard_map`, `jax.sharding`, `jax.experimental.pallas`
+- `jax.nn.dot_product_attention` (with `query_seq_lengths`, `key_value_seq_lengths`,
+  `local_window_size`, `is_causal` and `implementation="cudnn"`: `attention.cudnn_backend`),
+  `jax.shard_map`, `jax.sharding`, `jax.experimental.pallas`
   (`pallas_call`, `BlockSpec`, interpret mode) and the splash attention module keep their
   signatures over that range.
 
@@ -72,6 +74,18 @@ def jaxpr_types() -> tuple[type, type]:
   return core.ClosedJaxpr, core.Jaxpr
 
 
+def gpu_compute_capability() -> tuple[int, int] | None:
+  """(major, minor) CUDA compute capability of the first GPU (9.0 for Hopper), or None when
+  jax has no GPU or the device does not say (the attribute is jaxlib's CUDA device's)."""
+  try:
+    devices = jax.devices("gpu")
+  except RuntimeError:
+    return None
+  text = str(getattr(devices[0], "compute_capability", "") or "") if devices else ""
+  numbers = re.findall(r"\d+", text)
+  return (int(numbers[0]), int(numbers[1] if len(numbers) > 1 else 0)) if numbers else None
+
+
 def _dist_version(name: str) -> str | None:
   try:
     return importlib.metadata.version(name)
@@ -96,5 +110,5 @@ def versions() -> dict[str, str | None]:
   return out
 
 
-__all__ = ["JAX_VERSION", "SUPPORTED", "dce_jaxpr", "is_tracer", "jaxpr_types", "supported",
-           "version_tuple", "versions"]
+__all__ = ["JAX_VERSION", "SUPPORTED", "dce_jaxpr", "gpu_compute_capability", "is_tracer",
+           "jaxpr_types", "supported", "version_tuple", "versions"]

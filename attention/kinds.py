@@ -36,10 +36,11 @@ def _no_arguments(window: int, max_length: int) -> dict[str, Any]:
 COSTS = ("quadratic", "subquadratic", "linear")
 RELATIVE_FORMS = ("dense", "factorised")
 # The implementations a kind may have (`attention.backends`): "xla" is the portable one every kind
-# has; "tokamax" (GPU kernels), "splash" (TPU block-sparse kernel), "pallas" (our GPU kernels:
-# band, and the block-pattern kinds).
-BACKENDS = ("xla", "tokamax", "splash", "pallas")
-_DENSE_BACKENDS = ("xla", "tokamax", "splash")
+# has; "cudnn" (jax's cuDNN attention on a GPU: dense, causal band), "tokamax" (GPU kernels, an
+# optional extra), "splash" (TPU block-sparse kernel), "pallas" (our GPU kernels: band, and the
+# block-pattern kinds).
+BACKENDS = ("xla", "cudnn", "tokamax", "splash", "pallas")
+_DENSE_BACKENDS = ("xla", "cudnn", "tokamax", "splash")
 _BLOCK_MASK_BACKENDS = ("xla", "splash", "pallas")
 
 # Value rules of the config arguments, by argument name, whichever kind takes them: the smallest
@@ -251,7 +252,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          paper="Performer (Choromanski et al. 2021)", summary="FAVOR+ random features",
          aliases=("performer",),
          defaults=lambda window, max_length: {"num_features": 256, "redraw": False},
-         arguments=("chunk_size", "kernel", "num_features", "redraw"),
+         arguments=("chunk_size", "kernel", "num_features", "precision", "redraw"),
          sequence_parallel="sequence_parallel_favor_attention",
          no_pattern="its random-feature kernel has no per-pair mask beyond causal prefix "
                     "sums."),
@@ -259,7 +260,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          paper="FlashAttention (Dao et al. 2022), the algorithm",
          summary="exact dense attention in O(L) memory", aliases=("flash_attention",),
          pattern="all_pairs_pattern", copy_of="dot_product", backends=_DENSE_BACKENDS),
-    Kind("linear", "linear", "linear_attention", arguments=("chunk_size",),
+    Kind("linear", "linear", "linear_attention", arguments=("chunk_size", "precision"),
          paper="Linear Transformer (Katharopoulos et al. 2020)",
          summary="elu+1 kernel attention", aliases=("linear_transformer",),
          sequence_parallel="sequence_parallel_linear_attention",

@@ -8,6 +8,11 @@ cudnn, xla (it takes the first that accepts the inputs, moving on when one raise
 NotImplementedError), less those that do not build on this jax (below); elsewhere we ask for
 `xla`, which is what the tests on the CPU run.
 
+tokamax is an optional extra (`pip install '.[tokamax]'`), imported on first use, and this backend
+runs only when named (`implementation=tokamax`): `auto` sends dense layers and causal band layers
+on a GPU to jax's own cuDNN attention (`attention.cudnn_backend`), which needs nothing that has to
+build against the installed jax, and no tokamax kernel has been measured to beat it on our GPU.
+
 **Implementations that do not build.** tokamax's Pallas kernels follow jax's Pallas API closely,
 and a tokamax release can fail on a newer jax not by refusing the inputs (which tokamax handles)
 but with an error of Python or of lowering: tokamax 0.0.12 on jax 0.11.2 (our GPU machine), its
@@ -18,8 +23,8 @@ the forward and backward pass, on tiny inputs of the call's dtype, head dimensio
 window and masking (`implementations`; a few compiles, cached per signature): one that fails with
 anything but NotImplementedError is dropped, with one log line naming it and its error, and the
 others run in tokamax's order. `fast_kernels()` says whether a Mosaic GPU or Triton kernel
-builds: without one, tokamax's window is its XLA implementation, an L x L mask, and `auto`
-gives band layers to our Pallas kernel instead (`attention.backends.choose`).
+builds: without one, tokamax's window is its XLA implementation, an L x L mask, and naming
+tokamax for a band layer there buys nothing over `xla`.
 
 What it expresses of our kinds: dense attention (`dot_product`, `flash`), causal or not, key
 padding, and a two-sided window `(left, right)` = Longformer's band without dilation or global
@@ -108,8 +113,7 @@ def implementations(dtype, head_dim: int, *, causal: bool = False,
 
 def fast_kernels(dtype="bfloat16", head_dim: int = 64) -> bool:
   """Whether a tokamax kernel (Mosaic GPU or Triton) builds here for a two-sided window: on a
-  GPU, the probe of `implementations`; elsewhere True (there is no kernel to probe, and `auto`
-  picks tokamax only on a GPU)."""
+  GPU, the probe of `implementations`; elsewhere True (there is no kernel to probe)."""
   usable = implementations(dtype, head_dim, window=(8, 8))
   return usable == "xla" or any(i in FAST for i in usable)
 

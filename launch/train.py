@@ -83,7 +83,8 @@ RUN_EPILOG = """config overrides:
                         --config.model.attention.window=8, --config.learning_rate=1e-3;
                         --config.model.attention.NAME sets an argument of the attention kind
                         (`lra list KIND` lists them) and --config.model.attention.implementation
-                        its backend (auto, xla, tokamax, splash, pallas: docs/accelerators.md).
+                        its backend (auto, xla, cudnn, tokamax, splash, pallas:
+                        docs/accelerators.md).
                         An unknown field fails with the valid names, a bad value in one line.
   --dry_run shows which fields differ from the task's default.
 

@@ -2,6 +2,8 @@
 platform, the refusals of a backend that cannot compute a layer, the tokamax backend against the
 dense reference, and the layer and config check choosing them."""
 
+import importlib.util
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -11,18 +13,23 @@ from flax import nnx
 
 import attention
 import configs
-from attention import backends, kinds, masks, tokamax_backend
+from attention import backends, cudnn_backend, kinds, masks, tokamax_backend
 from lra import schema
 from models.attention_layer import MultiHeadAttention
 
+# tokamax is an optional extra: its tests run where it is installed.
+needs_tokamax = pytest.mark.skipif(importlib.util.find_spec("tokamax") is None,
+                                   reason="tokamax is not installed (pip install '.[tokamax]')")
+
 # What `auto` must pick, written from the table in docs/accelerators.md (not from the code):
-# (kind, args, global tokens) -> backend on gpu, tpu, cpu.
+# (kind, args, global tokens) -> backend on gpu, tpu, cpu, for a layer whose causality is not
+# known (the config check); causal layers below.
 AUTO = [
-    ("dot_product", {}, False, ("tokamax", "splash", "xla")),
-    ("flash", {"block_size": 64}, False, ("tokamax", "splash", "xla")),
-    ("band", {"window": 64}, False, ("tokamax", "splash", "xla")),
-    ("band", {"window": 64, "dilation": 1}, False, ("tokamax", "splash", "xla")),
-    ("band", {"window": 64, "dilation": (1, 1, 1, 1)}, False, ("tokamax", "splash", "xla")),
+    ("dot_product", {}, False, ("cudnn", "splash", "xla")),
+    ("flash", {"block_size": 64}, False, ("cudnn", "splash", "xla")),
+    ("band", {"window": 64}, False, ("pallas", "splash", "xla")),
+    ("band", {"window": 64, "dilation": 1}, False, ("pallas", "splash", "xla")),
+    ("band", {"window": 64, "dilation": (1, 1, 1, 1)}, False, ("pallas", "splash", "xla")),
     ("band", {"window": 64, "dilation": 2}, False, ("pallas", "splash", "xla")),
     ("band", {"window": 64, "dilation": (1, 1, 2, 4)}, False, ("pallas", "splash", "xla")),
     ("band", {"window": 64}, True, ("pallas", "splash", "xla")),
@@ -49,6 +56,57 @@ def test_auto_picks_the_fastest_exact_backend_of_each_platform(kind, args, globa
   assert got == expected
 
 
+# (kind, args, global tokens, causal) -> backend on gpu, tpu, cpu.
+AUTO_CAUSAL = [
+    ("dot_product", {}, False, True, ("cudnn", "splash", "xla")),
+    ("flash", {}, False, False, ("cudnn", "splash", "xla")),
+    ("band", {"window": 64}, False, True, ("cudnn", "splash", "xla")),
+    ("band", {"window": 64, "dilation": (1, 2, 4, 4)}, False, True, ("cudnn", "splash", "xla")),
+    ("band", {"window": 64}, False, False, ("pallas", "splash", "xla")),
+    ("band", {"window": 64}, True, True, ("pallas", "xla", "xla")),
+    ("band", {"window": 64}, True, False, ("pallas", "splash", "xla")),
+]
+
+
+@pytest.mark.parametrize("kind,args,global_tokens,causal,expected", AUTO_CAUSAL)
+def test_auto_gives_causal_band_layers_to_cudnn_and_two_sided_ones_to_pallas(
+    kind, args, global_tokens, causal, expected):
+  got = tuple(backends.choose(kind, args, platform=p, global_tokens=global_tokens,
+                              causal=causal) for p in ("gpu", "tpu", "cpu"))
+  assert got == expected
+
+
+def test_auto_never_picks_tokamax_whatever_its_probe_says(monkeypatch):
+  monkeypatch.setattr(tokamax_backend, "fast_kernels", lambda *a, **k: True)
+  monkeypatch.setattr(backends, "_tokamax_installed", lambda: True)
+  for kind, args, global_tokens, _ in AUTO:
+    for causal in (None, False, True):
+      if causal and not kinds.get(kind).supports_causal:
+        continue
+      assert "tokamax" not in {backends.choose(kind, args, platform=p, causal=causal,
+                                               global_tokens=global_tokens)
+                               for p in backends.PLATFORMS}
+
+
+def test_tokamax_not_installed_is_refused_in_one_line(monkeypatch):
+  monkeypatch.setattr(backends, "_tokamax_installed", lambda: False)
+  reason = backends.unable("dot_product", "tokamax", {})
+  assert "pip install '.[tokamax]'" in reason and "\n" not in reason
+  with pytest.raises(ValueError, match="tokamax is not installed"):
+    backends.choose("band", {"window": 4}, implementation="tokamax")
+
+
+def test_cudnn_refuses_the_band_its_sliding_window_cannot_express():
+  assert "causal band layers only" in backends.unable("band", "cudnn", {}, causal=False)
+  assert "no global tokens" in backends.unable("band", "cudnn", {}, global_tokens=True,
+                                               causal=True)
+  assert backends.unable("band", "cudnn", {"dilation": (1, 2)}, causal=True) is None
+  assert backends.unable("band", "cudnn", {}) is None     # causality not known: the layer checks
+  assert "has no cudnn" in backends.unable("bigbird", "cudnn", {})
+  with pytest.raises(ValueError, match="one-sided.*Use implementation=auto"):
+    backends.choose("band", {}, implementation="cudnn", causal=False)
+
+
 def test_every_kind_is_in_the_table_and_auto_picks_only_listed_backends():
   assert {row[0] for row in AUTO} == set(kinds.names())
   for kind, args, global_tokens, _ in AUTO:
@@ -67,9 +125,10 @@ def test_auto_on_this_machine_is_xla():
     ("favor", "splash", {}, False, "'favor' has no splash implementation"),
     ("bigbird", "tokamax", {}, False, "'bigbird' has no tokamax implementation"),
     ("dot_product", "pallas", {}, False, "'dot_product' has no pallas implementation"),
-    ("band", "tokamax", {"dilation": (1, 2)}, False, "no dilation"),
-    ("band", "tokamax", {}, True, "no global tokens"),
-    ("band", "cuda", {}, False, "unknown; valid: auto, xla, tokamax, splash, pallas"),
+    pytest.param("band", "tokamax", {"dilation": (1, 2)}, False, "no dilation",
+                 marks=needs_tokamax),
+    pytest.param("band", "tokamax", {}, True, "no global tokens", marks=needs_tokamax),
+    ("band", "cuda", {}, False, "unknown; valid: auto, xla, cudnn, tokamax, splash, pallas"),
 ])
 def test_a_backend_that_cannot_compute_the_layer_is_refused(kind, implementation, args,
                                                             global_tokens, message):
@@ -91,7 +150,12 @@ def test_explicit_backends_are_returned_whatever_the_platform():
     assert backends.choose("band", {}, implementation="xla", platform=platform) == "xla"
 
 
-def test_function_finds_each_backends_function_by_the_kinds_name():
+def test_function_finds_each_backends_function_by_the_kinds_name(monkeypatch):
+  monkeypatch.setattr(backends, "_tokamax_installed", lambda: True)
+  for kind in ("band", "flash", "dot_product"):
+    fn = getattr(cudnn_backend, kinds.get(kind).function)
+    assert backends.function(kind, "cudnn") is fn
+    assert backends.function(kind, platform="gpu", causal=True) is fn
   assert backends.function("band", "tokamax") is tokamax_backend.band_attention
   assert backends.function("flash", "tokamax") is tokamax_backend.flash_attention
   assert backends.function("dot_product", "tokamax") is tokamax_backend.dot_product_attention
@@ -137,6 +201,7 @@ TOKAMAX_BAND = [
 ]
 
 
+@needs_tokamax
 @pytest.mark.parametrize("length,heads,head_dim,window,causal,padding", TOKAMAX_BAND)
 def test_tokamax_band_equals_the_dense_reference(length, heads, head_dim, window, causal,
                                                  padding):
@@ -153,6 +218,7 @@ def test_tokamax_band_equals_the_dense_reference(length, heads, head_dim, window
     assert np.all(np.asarray(got["out"])[~np.asarray(key_mask)] == 0)
 
 
+@needs_tokamax
 @pytest.mark.parametrize("fn", ["dot_product_attention", "flash_attention"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tokamax_dense_equals_the_dense_reference(fn, causal):
@@ -166,6 +232,7 @@ def test_tokamax_dense_equals_the_dense_reference(fn, causal):
   chex.assert_trees_all_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@needs_tokamax
 def test_tokamax_in_bfloat16_is_within_bfloat16_tolerance():
   rng = np.random.default_rng(4)
   q, k, v, _ = _inputs(rng, 2, 70, 2, 32, jnp.bfloat16)
@@ -177,6 +244,7 @@ def test_tokamax_in_bfloat16_is_within_bfloat16_tolerance():
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), atol=3e-2)
 
 
+@needs_tokamax
 def test_tokamax_band_refuses_what_its_window_cannot_express():
   q = jnp.ones((1, 8, 2, 4))
   with pytest.raises(ValueError, match="no dilation.*implementation=pallas"):
@@ -224,19 +292,19 @@ def test_an_implementation_that_does_not_build_is_dropped_once_with_one_log_line
   assert len(probed) == 3
 
 
-def test_without_a_tokamax_kernel_auto_gives_band_layers_to_pallas(fresh_probes, monkeypatch):
-  monkeypatch.setattr(tokamax_backend, "_builds", lambda i, *a: BROKEN.get(i))
+def test_auto_on_a_gpu_picks_cudnn_whether_or_not_a_tokamax_kernel_builds(fresh_probes,
+                                                                           monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert not tokamax_backend.fast_kernels()
-  assert backends.choose("band", {"window": 64}, platform="gpu") == "pallas"
-  assert backends.choose("dot_product", platform="gpu") == "tokamax"   # cuDNN, then XLA
-  assert backends.choose("flash", platform="gpu") == "tokamax"
-  monkeypatch.setattr(tokamax_backend, "_builds", lambda i, *a: None)
-  tokamax_backend._usable.cache_clear()
-  assert tokamax_backend.fast_kernels()
-  assert backends.choose("band", {"window": 64}, platform="gpu") == "tokamax"
+  for builds in (lambda i, *a: BROKEN.get(i), lambda i, *a: None):
+    monkeypatch.setattr(tokamax_backend, "_builds", builds)
+    tokamax_backend._usable.cache_clear()
+    assert backends.choose("band", {"window": 64}, causal=True) == "cudnn"
+    assert backends.choose("band", {"window": 64}, causal=False) == "pallas"
+    assert backends.choose("dot_product") == "cudnn"
+    assert backends.choose("flash") == "cudnn"
 
 
+@needs_tokamax
 def test_the_calls_ask_tokamax_for_what_builds_and_stay_exact(fresh_probes, monkeypatch):
   monkeypatch.setattr(tokamax_backend, "_builds", lambda i, *a: BROKEN.get(i))
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
@@ -259,6 +327,7 @@ def test_the_calls_ask_tokamax_for_what_builds_and_stay_exact(fresh_probes, monk
   assert asked == [("cudnn", "xla")]
 
 
+@needs_tokamax
 def test_a_probe_keeps_what_compiles_or_refuses_and_drops_any_other_error(monkeypatch):
   real = tokamax_backend._tokamax()
 
@@ -284,8 +353,12 @@ def test_a_probe_keeps_what_compiles_or_refuses_and_drops_any_other_error(monkey
 # ---- the layer and the config ----
 
 @pytest.mark.parametrize("spec,backend", [
-    ({"kind": "band", "window": 3}, "tokamax"), ({"kind": "dot_product"}, "tokamax"),
-    ({"kind": "flash", "block_size": 8}, "tokamax"), ({"kind": "flash", "block_size": 8}, "splash"),
+    pytest.param({"kind": "band", "window": 3}, "tokamax", marks=needs_tokamax),
+    pytest.param({"kind": "dot_product"}, "tokamax", marks=needs_tokamax),
+    pytest.param({"kind": "flash", "block_size": 8}, "tokamax", marks=needs_tokamax),
+    ({"kind": "flash", "block_size": 8}, "splash"),
+    ({"kind": "dot_product"}, "cudnn"), ({"kind": "flash", "block_size": 8}, "cudnn"),
+    ({"kind": "band", "window": 3, "dilation": (1, 2, 1, 3)}, "cudnn"),
     ({"kind": "band", "window": 3, "dilation": (1, 2, 1, 3)}, "pallas"),
     ({"kind": "band", "window": 3, "dilation": (1, 2, 1, 3)}, "splash"),
     ({"kind": "bigbird", "block_size": 4, "num_random_blocks": 2}, "pallas"),
@@ -326,8 +399,10 @@ def _config(task="listops", attention="band", **overrides):
 @pytest.mark.parametrize("attention,overrides,message", [
     ("band", {"model.attention.implementation": "cuda"}, "must be one of auto, xla"),
     ("favor", {"model.attention.implementation": "splash"}, "'favor' has no splash"),
-    ("band", {"model.attention.implementation": "tokamax", "model.attention.dilation": 2},
-     r"\(layer 0\): tokamax's local window has no dilation"),
+    pytest.param("band", {"model.attention.implementation": "tokamax",
+                          "model.attention.dilation": 2},
+                 r"\(layer 0\): tokamax's local window has no dilation", marks=needs_tokamax),
+    ("linear", {"model.attention.implementation": "cudnn"}, "'linear' has no cudnn"),
     ("band", {"model.attention.implementation": "pallas", "model.pos_emb": "relative"},
      "relative positions"),
     ("band", {"model.attention.implementation": "splash", "mesh.sequence": 2},
@@ -354,6 +429,11 @@ def test_auto_and_xla_pass_the_config_check_for_every_kind():
   for kind in kinds.names():
     for implementation in ("auto", "xla"):
       schema.check(_config(attention=kind, **{"model.attention.implementation": implementation}))
+
+
+def test_cudnn_passes_the_config_check_for_the_dense_kinds_and_the_band():
+  for kind in ("dot_product", "flash", "band"):
+    schema.check(_config(attention=kind, **{"model.attention.implementation": "cudnn"}))
 
 
 def test_pallas_passes_the_config_check_for_the_block_pattern_kinds():
@@ -387,7 +467,8 @@ def _train(workdir, implementation):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("implementation", ["tokamax", "pallas", "splash"])
+@pytest.mark.parametrize("implementation", [pytest.param("tokamax", marks=needs_tokamax),
+                                            "pallas", "splash"])
 def test_training_through_a_backend_equals_training_through_xla(implementation, xla_run,
                                                                  tmp_path):
   got = _train(tmp_path, implementation)
