@@ -49,13 +49,13 @@ class Periodic:
     return self.every > 0 and step % self.every == 0
 
 
-def _backend(spec: dict) -> str:
+def _backend(spec: dict, causal: bool | None) -> str:
   """The attention backend of the default spec on this platform (the configured one when it
-  cannot be resolved here)."""
+  cannot be resolved here); `causal`: the task's `causal_attention`."""
   from attention import backends
   implementation = str(spec.pop("implementation", backends.AUTO))
   try:
-    return backends.choose(spec.pop("kind"), spec, implementation=implementation)
+    return backends.choose(spec.pop("kind"), spec, implementation=implementation, causal=causal)
   except (KeyError, ValueError):
     return implementation
 
@@ -368,7 +368,8 @@ class Run:
         "device_count": jax.device_count(),
         "mesh": {k: int(v) for k, v in trainer.mesh.shape.items()},
         "platform": jax.default_backend(),
-        "attention_backend": _backend(self.config.model.attention.to_dict()),
+        "attention_backend": _backend(self.config.model.attention.to_dict(),
+                                      task.causal_attention(self.config.model)),
     }
     if chance_counts is not None and chance_counts.sum():
       results[chance[0]] = float(chance_counts.max() / chance_counts.sum())

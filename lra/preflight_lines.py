@@ -43,8 +43,10 @@ def layer_backends(config: ml_collections.ConfigDict, platform: str) -> list[tup
   """(kind, backend) of every attention sublayer of `config` on `platform`, as the layers choose
   them (`attention.backends.choose`; relative positions compute with xla)."""
   from attention import backends
+  from lra import tasks
   from models import settings as model_settings
   model = config.model
+  causal = tasks.get_task(config.task).causal_attention(model)
   specs = model_settings.layer_specs(model.attention.to_dict(),
                                      model.get("layer_attention") or (),
                                      schema.attention_sublayers(model))
@@ -55,7 +57,7 @@ def layer_backends(config: ml_collections.ConfigDict, platform: str) -> list[tup
     requested = spec.get(model_settings.IMPLEMENTATION) or backends.AUTO
     backend = "xla" if model.get("pos_emb") == "relative" else backends.choose(
         kind, args, implementation=requested, platform=platform,
-        global_tokens=bool(model.get("num_global", 0)) and kind == "band")
+        global_tokens=bool(model.get("num_global", 0)) and kind == "band", causal=causal)
     out.append((kind, backend))
   return out
 

@@ -101,6 +101,14 @@ class Task:
     """Raises ValueError when the task cannot train with these per-layer attention kinds."""
     del kinds
 
+  def causal_attention(self, model_cfg: Mapping[str, Any]) -> bool | None:
+    """True when every attention layer of the model is causal; None when it is not known
+    without building the model (bidirectional layers, or causal ones beside them). The
+    backend choice of the lines a run prints (`attention.backends.choose`) takes it: a band
+    layer goes to cuDNN's one-sided window only when it is known to be causal."""
+    del model_cfg
+    return None
+
   def objective(self, model: nnx.Module, batch: Mapping[str, jax.Array], rng
                 ) -> dict[str, jax.Array]:
     """Sums over a batch: `loss_sum`, `correct`, `weight`; `rng` is None in evaluation."""

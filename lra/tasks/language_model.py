@@ -52,6 +52,10 @@ class LanguageModelTask(Task):
         raise ValueError(f"task {self.name!r} trains a causal language model but attention "
                          f"{kind!r} cannot be causal: {reason}")
 
+  def causal_attention(self, model_cfg: Mapping[str, Any]) -> bool | None:
+    del model_cfg
+    return True   # every layer of the decoder
+
   def init_state(self, model_cfg: Mapping[str, Any], batch_size: int):
     """With `model.memory_length` > 0: the Transformer-XL (and compressed) memory of every
     batch row, carried from step to step (each row a contiguous stream; models/memory.py)."""

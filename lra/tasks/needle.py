@@ -135,6 +135,9 @@ class NeedleTask(RecallTask):
 
   RESULT = ("needle", "needles retrieved")
 
+  def causal_attention(self, model_cfg: Mapping[str, Any]) -> bool | None:
+    return str(model_cfg.get("variant") or "causal") == "causal" or None
+
   def build_model(self, model_cfg: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     variant = str(model_cfg.get("variant") or "causal")
     if variant not in VARIANTS:
