@@ -43,9 +43,11 @@ COMPILING = "Preflight: compiling"   # the run's own line as its preflight start
 # The entry point with the moments the tests signal at marked by a line on stdout (the run's
 # own lines mark the others): IMPORTING as `launch.entry` starts to import the command, which
 # then waits there for the signal; IMPORTED once the command's modules are imported, as the
-# command starts (inside entry.main, which handles a Ctrl-C there); HELD after
-# the preflight, where the run then waits for a line on stdin, so that a first signal's stop is
-# still pending (the run ends on it only at its next stage) when the second one is sent.
+# command starts (inside entry.main, which handles a Ctrl-C there); at "compiling" the run's
+# own note that its preflight compiles is printed as the compile starts (it waits 10 s, longer
+# than this compile takes on a fast machine); HELD after
+# the preflight, where the run then waits for good, so that a first signal's stop is still
+# pending (the run would end on it only at its next stage) when the second one is sent.
 WRAPPER = f"""
 import builtins, sys, time
 IMPORTING, IMPORTED, HELD = {IMPORTING!r}, {IMPORTED!r}, {HELD!r}
@@ -66,12 +68,18 @@ else:
     print(IMPORTED, flush=True)
     return command()
   cli.main = main
+  if moment == "compiling":   # the run's own note as its preflight starts to compile, at once
+    train.COMPILE_NOTE_SECONDS = 0.0
   if moment == "held":
     preflight = train.run_preflight
     def held(*args, **kwargs):
       result = preflight(*args, **kwargs)
       print(HELD, flush=True)
-      sys.stdin.readline()
+      # Until a second signal ends the process. Short sleeps, not one blocking call: a signal
+      # the kernel hands to another of the process's threads does not interrupt the main
+      # thread's call, and Python runs its handler only when the main thread runs Python code.
+      while True:
+        time.sleep(0.05)
       return result
     train.run_preflight = held
 sys.exit(entry.main())
@@ -80,15 +88,14 @@ sys.exit(entry.main())
 
 def start(workdir: str, data_dir: str, moment: str | None = None) -> subprocess.Popen:
   """`lra run` of the tiny config; through WRAPPER with its `moment` (imports, imported,
-  held) unless None."""
+  compiling, held) unless None."""
   env = {**os.environ, "LRA_DATA": data_dir, "JAX_PLATFORMS": "cpu"}
   env.pop("LRA_DISTRIBUTED", None)
   env.pop("JAX_COMPILATION_CACHE_DIR", None)   # nor the suite's (tests/conftest.py): it compiles
   args = ["run", "listops", "--size", "small", "--workdir", workdir, "--no_compile_cache", *TINY]
   command = ["-m", "launch.entry"] if moment is None else ["-c", WRAPPER, moment]
   return subprocess.Popen([sys.executable, *command, *args], cwd=ROOT, env=env,
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def read_until(proc: subprocess.Popen, prefix: str, lines: list[str]) -> None:
@@ -106,13 +113,12 @@ def read_until(proc: subprocess.Popen, prefix: str, lines: list[str]) -> None:
 # before its first signal, and whether a second signal follows once the first one's message
 # (`SIGNAL: stopping before training starts`) is out.
 MOMENTS = {"imports": ("imports", IMPORTING), "imported": ("imported", IMPORTED),
-           "compiling": (None, COMPILING), "held": ("held", HELD)}
+           "compiling": ("compiling", COMPILING), "held": ("held", HELD)}
 
 
 def interrupted(workdir: str, data_dir: str, at: str, signals: list[int]):
   """Starts the run, sends the first of `signals` at the moment `at` (MOMENTS), each later one
-  once the run's message about the first is out; (exit status, out, err). A run left waiting
-  after its preflight (`held`) is let go once the signals are sent."""
+  once the run's message about the first is out; (exit status, out, err)."""
   moment, line = MOMENTS[at]
   proc = start(workdir, data_dir, moment)
   lines: list[str] = []
@@ -122,7 +128,7 @@ def interrupted(workdir: str, data_dir: str, at: str, signals: list[int]):
     for signum in signals[1:]:
       read_until(proc, f"{signal_label(signals[0])}:", lines)
       proc.send_signal(signum)
-    out, err = proc.communicate("go\n" if moment == "held" else None, timeout=300)
+    out, err = proc.communicate(timeout=300)
   finally:
     if proc.poll() is None:
       proc.kill()
