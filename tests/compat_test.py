@@ -70,3 +70,25 @@ def test_no_private_or_removed_jax_api_outside_compat():
             if pattern.search(line.split("#")[0]):
               offenders.append(f"{os.path.relpath(path, ROOT)}:{n}")
   assert not offenders, offenders
+
+
+class _Device:
+  def __init__(self, capability):
+    self.compute_capability = capability
+
+
+@pytest.mark.parametrize("reported, expected", [
+    ("9.0", (9, 0)), ("8.6", (8, 6)), ("10.0", (10, 0)), ("12", (12, 0)), ("", None),
+    (None, None)])
+def test_gpu_compute_capability_reads_the_devices_string(monkeypatch, reported, expected):
+  monkeypatch.setattr(compat.jax, "devices", lambda platform=None: [_Device(reported)])
+  assert compat.gpu_compute_capability() == expected
+
+
+def test_gpu_compute_capability_is_none_without_a_gpu(monkeypatch):
+  def no_gpu(platform=None):
+    raise RuntimeError(f"Unknown backend {platform}")
+  monkeypatch.setattr(compat.jax, "devices", no_gpu)
+  assert compat.gpu_compute_capability() is None
+  monkeypatch.setattr(compat.jax, "devices", lambda platform=None: [])
+  assert compat.gpu_compute_capability() is None
