@@ -8,7 +8,9 @@ kind's record says whether it can be causal, whether q and k are one projection 
 extras class owns its per-layer arrays. The layer computes `q, k, v: [B, L, H, Dh]`, calls
 the kind's function through its backend (`attention.backends.function(kind, implementation)`:
 the kind's own portable function, or a kernel with the same keyword interface)
-`(q, k, v, key_mask=..., **args)` and projects the heads back to `[B, L, E]`.
+`(q, k, v, key_mask=..., **args)` and projects the heads back to `[B, L, E]`. A layer whose
+backend is `splash` also passes the kernel's tiles (`tiles=`, from `config.model.splash`); no
+other backend receives them.
 A kind whose record names a `from_inputs` function is the exception when its extras allow it
 (Linformer with length projections shared by the heads): the layer hands it the key and value
 inputs and kernels (`attention.linformer.linformer_from_inputs`), which projects along the
@@ -54,6 +56,18 @@ def _kernel(rngs: nnx.Rngs, shape, names, fan_in: int, fan_out: int) -> nnx.Para
   return param(rngs, init, shape, names)
 
 
+def _splash_tiles(tiles: Any):
+  """`attention.splash.Tiles` of `tiles` (a mapping such as `config.model.splash`, a `Tiles`,
+  or None for the defaults); a bad field raises ValueError naming `config.model.splash`."""
+  from attention import splash    # the TPU kernel's module: imported for splash layers only
+  if tiles is not None and not isinstance(tiles, splash.Tiles):
+    tiles = dict(tiles)
+  try:
+    return splash.splash_tiles(tiles)
+  except ValueError as e:
+    raise ValueError(f"config.model.splash.{e}") from None
+
+
 def split_spec(spec: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
   """Returns (kind, args) from an attention spec dict; checks the kind exists. The spec's
   `implementation` (its backend, see `implementation_of`) is not an argument of the kind."""
@@ -90,6 +104,9 @@ class MultiHeadAttention(nnx.Module):
       cannot compute.
     bias: biases on the query, key, value and output projections.
     global_projections: Longformer's separate projections of global tokens (module docstring).
+    tiles: the TPU splash kernel's tiles (`config.model.splash`: a mapping of
+      `attention.splash.Tiles` fields, or a `Tiles`; None or empty: its defaults), given to the
+      attention function only when the layer's backend is splash.
 
   The backend computing the attention (`attention.backends`) is chosen here, once: the spec's
   `implementation`, `auto` by default (by platform and pattern). Relative positions compute
@@ -100,7 +117,7 @@ class MultiHeadAttention(nnx.Module):
                max_length: int, causal: bool = False, shared_extras: nnx.Module | None = None,
                layer_index: int = 0, positions: Mapping[str, Any] | None = None,
                global_tokens: bool = False, bias: bool = False,
-               global_projections: bool = False, rngs: nnx.Rngs):
+               global_projections: bool = False, tiles: Any = None, rngs: nnx.Rngs):
     settings.check_heads(num_heads, qkv_dim)
     self.kind, args = split_spec(spec)
     record = self.record = kinds.get(self.kind)
@@ -159,6 +176,8 @@ class MultiHeadAttention(nnx.Module):
     self.implementation = "xla" if self.pos_kind == "relative" else backends.choose(
         self.kind, self.args, implementation=requested, global_tokens=global_tokens,
         causal=causal)
+    # The splash kernel's tiles (a frozen `attention.splash.Tiles`), None for other backends.
+    self.tiles = _splash_tiles(tiles) if self.implementation == "splash" else None
     if shared_extras is not None:
       self.extras = shared_extras
     else:
@@ -253,6 +272,8 @@ class MultiHeadAttention(nnx.Module):
     if sequence.devices() > 1:                                             # length split
       out = sequence.attend(self.kind, q, k, v, key_mask, kwargs)
       return self._output(out)
+    if self.tiles is not None:
+      kwargs["tiles"] = self.tiles
     fn = backends.function(self.kind, self.implementation)
     if self.shared_qk:
       out = fn(q, v, key_mask=key_mask, **kwargs)                          # [B, L, H, Dh]

@@ -137,7 +137,8 @@ def _attention(s: ModelSettings, spec, *, max_length, causal, shared_extras, lay
   return MultiHeadAttention(
       s.emb_dim, s.num_heads, s.qkv_dim, spec, max_length=max_length, causal=causal,
       shared_extras=shared_extras, layer_index=layer_index, positions=s.positions,
-      bias=s.attention_bias, global_projections=s.global_projections, rngs=rngs)
+      bias=s.attention_bias, global_projections=s.global_projections, tiles=s.splash_tiles,
+      rngs=rngs)
 
 
 def _mlp(s: ModelSettings, rngs: nnx.Rngs) -> MLP:

@@ -97,7 +97,7 @@ def led_encoder(cfg: ModelSettings | Mapping[str, Any], *, rngs: nnx.Rngs) -> En
       block.attention = GlobalBandAttention(
           s.emb_dim, s.num_heads, s.qkv_dim, spec, max_length=s.max_length, layer_index=i,
           num_global=num_global, bias=s.attention_bias,
-          global_projections=s.global_projections, rngs=rngs)
+          global_projections=s.global_projections, tiles=s.splash_tiles, rngs=rngs)
   return enc
 
 

@@ -218,6 +218,11 @@ class ModelSettings:
   same_length: bool = False
   compression: str = "conv"
   compression_rate: int = 1
+  # The TPU splash kernel's tiles (`config.model.splash`: names of `attention.splash.Tiles`),
+  # as sorted (name, value) pairs; used only by layers whose backend is splash. Empty: the
+  # kernel's defaults (`attention.splash.DEFAULT_TILES`). The values are checked where the
+  # tiles are made (the config schema, a splash layer), which needs jax.
+  splash: tuple[tuple[str, Any], ...] = ()
 
   def __post_init__(self):
     for setting in CHOICES:
@@ -254,6 +259,13 @@ class ModelSettings:
     values["attention"] = AttentionSpec.from_mapping(values["attention"])
     values["layer_attention"] = tuple(AttentionSpec.from_mapping(a)
                                       for a in values.get("layer_attention") or ())
+    if "splash" in values:
+      try:
+        tiles = dict(values["splash"])
+      except (TypeError, ValueError):
+        raise ValueError(f"config.model.splash = {values['splash']!r}: must be a mapping of the "
+                         f"splash kernel's tile fields (block_q, block_kv, ...).") from None
+      values["splash"] = tuple(sorted((str(k), v) for k, v in tiles.items()))
     for name in ("remat", "dtype", "compression"):
       if name in values:
         values[name] = str(values[name])
@@ -278,6 +290,7 @@ class ModelSettings:
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     out["attention"] = self.attention.as_dict()
     out["layer_attention"] = tuple(a.as_dict() for a in self.layer_attention)
+    out["splash"] = dict(self.splash)
     return out
 
   def require(self, *names: str, model: str) -> None:
@@ -294,6 +307,12 @@ class ModelSettings:
   def order(self) -> str:
     """The sublayer string ("sf" * num_layers unless sublayers or sandwich reorder it)."""
     return sublayer_order(self.num_layers, self.sublayers, self.sandwich)
+
+  @property
+  def splash_tiles(self) -> dict[str, Any]:
+    """The splash kernel's tile fields the config sets (`attention.splash.splash_tiles` takes
+    them; empty: its defaults)."""
+    return dict(self.splash)
 
   @property
   def positions(self) -> dict[str, Any]:

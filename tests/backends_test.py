@@ -391,6 +391,114 @@ def test_the_layer_refuses_an_impossible_backend_and_relative_positions_with_one
   assert layer.implementation == "xla"
 
 
+# ---- the splash kernel's tiles (config.model.splash) reach a splash layer's kernel only ----
+
+# Forward and dK/dV tiles of 128 on a 256-token layer: two tiles a side, where the defaults
+# (512, cut to the lane-padded length) would run one.
+SMALL_TILES = dict(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128,
+                   block_kv_dkv=128, block_kv_dkv_compute=128)
+
+
+def _spy_calls(monkeypatch) -> list[dict]:
+  """The keyword arguments of every attention function a layer calls (`backends.function`)."""
+  calls, function = [], backends.function
+
+  def spying(kind, implementation=backends.AUTO, **kw):
+    fn = function(kind, implementation, **kw)
+
+    def called(*args, **kwargs):
+      calls.append(dict(kwargs, implementation=implementation))
+      return fn(*args, **kwargs)
+    return called
+  monkeypatch.setattr(backends, "function", spying)
+  return calls
+
+
+def test_a_splash_layer_passes_its_tiles_to_the_kernel(monkeypatch):
+  from attention import splash
+  kernels = []                           # the (fitted) tiles each splash kernel is built with
+  build = splash._kernel
+  monkeypatch.setattr(splash, "_kernel", lambda *a: kernels.append(a[4]) or build(*a))
+  calls = _spy_calls(monkeypatch)
+  length = 256
+  x = jnp.asarray(np.random.default_rng(11).normal(size=(2, length, 16)), jnp.float32)
+  key_mask = jnp.asarray(np.arange(length)[None] < np.array([[length], [200]]))
+  spec = {"kind": "band", "window": 40, "dilation": (1, 2, 1, 3)}
+  outs = {}
+  for implementation in ("xla", "splash"):
+    layer = MultiHeadAttention(16, 4, 16, {**spec, "implementation": implementation},
+                               max_length=length, causal=True, tiles=SMALL_TILES,
+                               rngs=nnx.Rngs(0))
+    outs[implementation] = layer(x, key_mask)
+  want = splash.Tiles(**SMALL_TILES)
+  assert layer.tiles == want
+  assert [c.get("tiles") for c in calls] == [None, want]       # xla got none, splash these
+  assert kernels and all(t == want for t in kernels)           # not cut: they fit the length
+  np.testing.assert_allclose(outs["splash"], outs["xla"], atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation,positions", [
+    ("xla", "none"), ("pallas", "none"), ("cudnn", "none"),
+    ("auto", "relative")])               # relative positions: xla on every platform
+def test_a_layer_of_another_backend_never_gets_tiles(monkeypatch, implementation, positions):
+  calls = _spy_calls(monkeypatch)
+  spec = {"kind": "band", "window": 3, "implementation": implementation}
+  layer = MultiHeadAttention(16, 4, 16, spec, max_length=21, causal=True, tiles=SMALL_TILES,
+                             positions={"kind": positions}, rngs=nnx.Rngs(0))
+  assert layer.implementation != "splash" and layer.tiles is None
+  x = jnp.ones((1, 21, 16), jnp.float32)
+  layer(x, None)
+  assert calls and all("tiles" not in c for c in calls), calls
+
+
+def test_a_splash_layer_without_tiles_gets_the_defaults_and_bad_tiles_name_the_config():
+  from attention import splash
+  layer = MultiHeadAttention(16, 4, 16, {"kind": "band", "window": 3, "implementation": "splash"},
+                             max_length=21, rngs=nnx.Rngs(0))
+  assert layer.tiles == splash.Tiles(**splash.DEFAULT_TILES)
+  with pytest.raises(ValueError, match=r"^config\.model\.splash\.block_q must be a multiple "
+                                       r"of 128"):
+    MultiHeadAttention(16, 4, 16, {"kind": "band", "window": 3, "implementation": "splash"},
+                       max_length=21, tiles={"block_q": 100}, rngs=nnx.Rngs(0))
+  # another backend does not read them (the config check refuses bad ones before any layer)
+  MultiHeadAttention(16, 4, 16, {"kind": "band", "window": 3, "implementation": "xla"},
+                     max_length=21, tiles={"block_q": 100}, rngs=nnx.Rngs(0))
+
+
+def _attention_layers(model) -> list[MultiHeadAttention]:
+  return [m for _, m in nnx.iter_graph(model) if isinstance(m, MultiHeadAttention)]
+
+
+def test_config_tiles_flow_through_the_model_to_the_kernel(monkeypatch):
+  from attention import splash
+  from lra import tasks, train
+  task = tasks.get_task("listops")
+  small = {"model.num_layers": 2, "model.emb_dim": 16, "model.num_heads": 2,
+           "model.qkv_dim": 16, "model.mlp_dim": 32, "model.classifier_dim": 16,
+           "model.attention.window": 8, "data.max_length": 128}
+  config = _config(**small, **{"model.attention.implementation": "splash",
+                               "model.splash.block_q": 128, "model.splash.block_kv": 256,
+                               "model.splash.block_kv_compute": 128,
+                               "model.splash.use_fused_bwd_kernel": True})
+  schema.check(config)
+  want = splash.Tiles(block_q=128, block_kv=256, block_kv_compute=128, use_fused_bwd_kernel=True)
+  model = task.build_model(train.model_config(config, task), nnx.Rngs(0))
+  layers = _attention_layers(model)
+  assert len(layers) == 2 and all(layer.tiles == want for layer in layers)
+  calls = _spy_calls(monkeypatch)
+  tokens = jnp.asarray(np.random.default_rng(3).integers(1, task.vocab_size, size=(1, 128)))
+  model(tokens)
+  assert [c.get("tiles") for c in calls] == [want, want]
+  # the defaults when the config leaves them, no tiles on another backend
+  default = _config(**small, **{"model.attention.implementation": "splash"})
+  model = task.build_model(train.model_config(default, task), nnx.Rngs(0))
+  assert all(layer.tiles == splash.Tiles() for layer in _attention_layers(model))
+  xla = _config(**small, **{"model.attention.implementation": "xla",
+                            "model.splash.block_q": 128})
+  model = task.build_model(train.model_config(xla, task), nnx.Rngs(0))
+  assert all(layer.tiles is None for layer in _attention_layers(model))
+
+
 def _config(task="listops", attention="band", **overrides):
   return configs.build_config(task, attention=attention, size="small",
                               overrides=[(k, str(v)) for k, v in overrides.items()])

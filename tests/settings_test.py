@@ -103,6 +103,20 @@ def test_defaults_fill_what_a_mapping_leaves_out_or_sets_to_none():
   assert s.order == "sfsf"
 
 
+def test_the_splash_tiles_are_carried_as_given_and_default_to_none():
+  import ml_collections
+  assert ModelSettings.from_mapping(cfg()).splash == ()             # absent: the defaults
+  assert ModelSettings.from_mapping(cfg(splash=None)).splash_tiles == {}
+  given = ml_collections.ConfigDict(dict(block_q=128, block_kv=256, use_fused_bwd_kernel=True))
+  s = ModelSettings.from_mapping(cfg(splash=given))
+  assert s.splash == (("block_kv", 256), ("block_q", 128), ("use_fused_bwd_kernel", True))
+  assert s.splash_tiles == dict(given) and s.as_dict()["splash"] == dict(given)
+  assert ModelSettings.from_mapping(s.as_dict()) == s
+  assert hash(s) == hash(ModelSettings.from_mapping(cfg(splash=dict(given))))
+  with pytest.raises(ValueError, match=r"^config\.model\.splash = 128: must be a mapping"):
+    ModelSettings.from_mapping(cfg(splash=128))
+
+
 def test_the_settings_are_frozen():
   s = ModelSettings.from_mapping(cfg())
   with pytest.raises(dataclasses.FrozenInstanceError):
