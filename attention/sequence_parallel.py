@@ -21,11 +21,16 @@ test.py, outputs and gradients) with the same masking rules. The band kernel's s
 unsharded zeros, so the enclosing `jax.shard_map` needs `check_vma=False`.
 
 FAVOR+ and linear attention: see `sequence_parallel_favor_attention`; what crosses devices is
-the m x Dv feature state per device and head, never keys or values.
+the m x Dv feature state per device and head, never keys or values. `precision` is the one-device
+functions' (`linear.check_precision`): with "fast" the feature projection and every contraction
+(key states, readout, causal chunk matmuls) take bfloat16 operands with float32 accumulation,
+forward and backward (`linear.contract`), as on one device; maxima, exps, normalisers and the
+states summed or prefixed over devices stay float32. "exact" is float32 throughout.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -181,13 +186,14 @@ def _gathered_prefix(state: tuple[jax.Array, ...], axis_name: str) -> tuple[jax.
   return tuple(out)
 
 
-def _softmax_prefix(phi: jax.Array, t: jax.Array, v: jax.Array,
-                    axis_name: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _softmax_prefix(phi: jax.Array, t: jax.Array, v: jax.Array, axis_name: str,
+                    fast: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The exclusive prefix over devices of per-feature-stabilised states: each device's S, z are
   relative to its own per-feature key max t; the sum over earlier devices is taken relative to
-  their largest t (NEG_INF when there is none: device 0, or only padding before)."""
+  their largest t (NEG_INF when there is none: device 0, or only padding before). `fast`: S of
+  bfloat16 operands with float32 accumulation (as `favor`'s per-chunk states); z, t float32."""
   me = jax.lax.axis_index(axis_name)
-  s = jnp.einsum("bhlm,bhld->bhmd", phi, v)                            # [B, H, m, Dv]
+  s = linear.contract("bhlm,bhld->bhmd", phi, v, fast)                 # [B, H, m, Dv]
   z = jnp.sum(phi, axis=2)                                             # [B, H, m]
   ss, zs, ts = (jax.lax.all_gather(x, axis_name) for x in (s, z, t))   # [n, ...]
   before = (jnp.arange(ts.shape[0]) < me)[:, None, None, None]
@@ -201,6 +207,7 @@ def sequence_parallel_favor_attention(q: jax.Array, k: jax.Array, v: jax.Array, 
                                       features: ArrayLike, causal: bool = False,
                                       key_mask: jax.Array | None = None,
                                       chunk_size: int | None = None, kernel: str = "softmax",
+                                      precision: str = "auto",
                                       axis_name: str = "sequence") -> jax.Array:
   """`favor_attention` over a sequence split along `axis_name` (call inside `jax.shard_map`,
   `check_vma=False`); q, k, v, key_mask are this device's chunk `[B, C, ...]`.
@@ -209,7 +216,9 @@ def sequence_parallel_favor_attention(q: jax.Array, k: jax.Array, v: jax.Array, 
   summed over devices (`psum`). Causal: each device's whole-chunk state relative to its own
   per-feature key max; a device adds the states of the devices before it (all-gathered states,
   not keys) relative to their largest max, then runs the one-device chunked prefix; so no
-  position depends on a later one on any device.
+  position depends on a later one on any device. `precision` as `favor_attention`: "fast"
+  rounds the same operands to bfloat16 as the one-device function (the projection, features,
+  values and states of every contraction, the per-device states too), "exact" none.
   """
   b_, chunk_len, _, h, d = validation.check_qkv(q, k, v, same_length=True)
   favor.check_features(features, d)
@@ -218,6 +227,7 @@ def sequence_parallel_favor_attention(q: jax.Array, k: jax.Array, v: jax.Array, 
     raise ValueError(f"unknown FAVOR+ kernel {kernel!r}; valid kernels: "
                      f"{', '.join(favor.KERNELS)}.")
   chunk = linear.check_chunk_size(chunk_size)
+  fast = linear.check_precision(precision) == "fast"
   head_major = lambda x: jnp.swapaxes(x, 1, 2)
   w = jnp.asarray(features).astype(jnp.float32)
   qh, kh, vh = head_major(q), head_major(k), head_major(v).astype(jnp.float32)
@@ -226,32 +236,45 @@ def sequence_parallel_favor_attention(q: jax.Array, k: jax.Array, v: jax.Array, 
   vh = jnp.where(real, vh, 0.0)
   if kernel == "relu":
     scale = d ** -0.25
-    feats = lambda x: jax.nn.relu(jnp.einsum("bhld,md->bhlm", x.astype(jnp.float32) * scale,
-                                             w)) + favor.RELU_EPSILON
+    if fast:
+      proj = lambda x: linear.contract("bhld,md->bhlm", x, w * scale, True)
+    else:
+      proj = lambda x: jnp.einsum("bhld,md->bhlm", x.astype(jnp.float32) * scale, w)
+    feats = lambda x: jax.nn.relu(proj(x)) + favor.RELU_EPSILON
     out = _linear_parts(feats(qh), jnp.where(real, feats(kh), 0.0), vh, causal, chunk,
-                        axis_name)
+                        axis_name, fast)
   else:
-    a = favor._log_features(qh, w, with_norm=False)   # noqa: SLF001 - the same features
-    bk = jnp.where(real, favor._log_features(kh, w, with_norm=True), NEG_INF)  # noqa: SLF001
+    log_features = functools.partial(favor._log_features, fast=fast)  # noqa: SLF001
+    a = log_features(qh, w, with_norm=False)
+    bk = jnp.where(real, log_features(kh, w, with_norm=True), NEG_INF)
     if causal:
       t = jax.lax.stop_gradient(jnp.max(bk, axis=2))                  # [B, H, m] this device
       phi = jnp.where(real, jnp.exp(bk - t[:, :, None]), 0.0)
-      prefix = _softmax_prefix(phi, t, vh, axis_name)
+      prefix = _softmax_prefix(phi, t, vh, axis_name, fast)
       num, den, _ = favor.causal_softmax_parts(
           a, bk, vh, real[..., 0], favor._power_of_two_chunk(chunk, chunk_len),  # noqa: SLF001
-          prefix=prefix)
+          prefix=prefix, fast=fast)
       out = linear._normalise(num, den)   # noqa: SLF001
     else:
       y = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(bk, axis=2, keepdims=True)), axis_name)
       phi_k = jnp.where(real, jnp.exp(bk - y), 0.0)
       x = jax.lax.stop_gradient(jnp.max(a + y, axis=-1, keepdims=True))
-      out = _bidirectional(jnp.exp(a + y - x), phi_k, vh, axis_name)
+      out = _bidirectional(jnp.exp(a + y - x), phi_k, vh, axis_name, fast)
   out = jnp.where(real, out, 0.0)
   return head_major(out).astype(q.dtype)
 
 
-def _bidirectional(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
-                   axis_name: str) -> jax.Array:
+def _bidirectional(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array, axis_name: str,
+                   fast: bool = False) -> jax.Array:
+  """`linear.bidirectional_linear_attention` with the key state summed over devices. `fast`:
+  as there, z rides along as a column of ones appended to v, and both contractions take
+  bfloat16 operands with float32 accumulation (the summed state is float32)."""
+  if fast:
+    ones = jnp.ones(v.shape[:-1] + (1,), jnp.float32)
+    s = jax.lax.psum(linear.contract("bhlm,bhld->bhmd", phi_k, jnp.concatenate([v, ones], -1),
+                                     True), axis_name)                # [B, H, m, Dv + 1]
+    num_den = linear.contract("bhlm,bhmd->bhld", phi_q, s, True)
+    return linear._normalise(num_den[..., :-1], num_den[..., -1])   # noqa: SLF001
   s = jax.lax.psum(jnp.einsum("bhlm,bhld->bhmd", phi_k, v), axis_name)
   z = jax.lax.psum(jnp.sum(phi_k, axis=2), axis_name)
   num = jnp.einsum("bhlm,bhmd->bhld", phi_q, s)
@@ -260,29 +283,33 @@ def _bidirectional(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
 
 
 def _linear_parts(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array, causal: bool, chunk: int,
-                  axis_name: str) -> jax.Array:
-  """Kernelized attention from non-negative features over the split sequence."""
+                  axis_name: str, fast: bool = False) -> jax.Array:
+  """Kernelized attention from non-negative features over the split sequence. `fast`: every
+  contraction of bfloat16 operands with float32 accumulation (the per-device state S too, as
+  `linear.causal_parts`' per-chunk states); sums and normalisers float32."""
   if not causal:
-    return _bidirectional(phi_q, phi_k, v, axis_name)
-  prefix = _gathered_prefix((jnp.einsum("bhlm,bhld->bhmd", phi_k, v), jnp.sum(phi_k, axis=2)),
-                            axis_name)
-  num, den = linear.causal_parts(phi_q, phi_k, v, chunk=chunk, prefix=prefix)
+    return _bidirectional(phi_q, phi_k, v, axis_name, fast)
+  prefix = _gathered_prefix((linear.contract("bhlm,bhld->bhmd", phi_k, v, fast),
+                             jnp.sum(phi_k, axis=2)), axis_name)
+  num, den = linear.causal_parts(phi_q, phi_k, v, chunk=chunk, prefix=prefix, fast=fast)
   return linear._normalise(num, den)   # noqa: SLF001
 
 
 def sequence_parallel_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
                                        causal: bool = False, key_mask: jax.Array | None = None,
-                                       chunk_size: int | None = None,
+                                       chunk_size: int | None = None, precision: str = "auto",
                                        axis_name: str = "sequence") -> jax.Array:
   """`linear_attention` (elu + 1 features) over a sequence split along `axis_name`: the states
-  summed over devices, or (causal) the states of earlier devices added to each device's prefix."""
+  summed over devices, or (causal) the states of earlier devices added to each device's prefix.
+  `precision` as `linear_attention` ("fast": bfloat16 operands in every contraction)."""
   b_, chunk_len, _, _, _ = validation.check_qkv(q, k, v, same_length=True)
   validation.check_token_mask("key_mask", key_mask, b_, chunk_len)
   chunk = linear.check_chunk_size(chunk_size)
+  fast = linear.check_precision(precision) == "fast"
   head_major = lambda x: jnp.swapaxes(x, 1, 2)
   real = jnp.ones((b_, 1, chunk_len, 1), bool) if key_mask is None else \
       key_mask[:, None, :, None]
   phi_q, phi_k = linear.elu_features(head_major(q)), linear.elu_features(head_major(k))
   vh = jnp.where(real, head_major(v).astype(jnp.float32), 0.0)
-  out = _linear_parts(phi_q, jnp.where(real, phi_k, 0.0), vh, causal, chunk, axis_name)
+  out = _linear_parts(phi_q, jnp.where(real, phi_k, 0.0), vh, causal, chunk, axis_name, fast)
   return head_major(jnp.where(real, out, 0.0)).astype(q.dtype)

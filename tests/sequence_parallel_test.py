@@ -1,7 +1,8 @@
 """Sequence-parallel band attention (attention/sequence_parallel.py) against one-device
 `band_attention` on the whole sequence: outputs and gradients, on a 4-device sequence axis, with
 dilation per head, causal, padding (an all-padding row and a chunk that is all padding), global
-tokens spread over devices, chunks not a multiple of the block and shorter than one block."""
+tokens spread over devices, chunks not a multiple of the block and shorter than one block.
+FAVOR+ and linear attention the same way, at precision "exact" and (bfloat16 operands) "fast"."""
 
 import functools
 
@@ -13,6 +14,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import attention
 from attention import sequence_parallel
+from tests import favor_test
 
 DEVICES = 4
 RTOL, ATOL = 1e-5, 1e-5
@@ -135,19 +137,22 @@ LINEAR_CASES = [("favor", "softmax", False), ("favor", "softmax", True), ("favor
                 ("favor", "relu", True), ("linear", None, False), ("linear", None, True)]
 
 
-def linear_pair(name, kernel, causal, chunk=4):
-  """(one-device function, split function) of (q, k, v, key_mask)."""
+def favor_features():
+  return attention.favor_features(jax.random.key(5), 16, 8)
+
+
+def linear_pair(name, kernel, causal, chunk=4, precision="exact"):
+  """(one-device function, split function) of (q, k, v, key_mask), both at `precision`."""
+  args = dict(causal=causal, chunk_size=chunk, precision=precision)
   if name == "favor":
-    features = attention.favor_features(jax.random.key(5), 16, 8)
-    one = lambda q, k, v, m: attention.favor_attention(
-        q, k, v, features=features, causal=causal, key_mask=m, chunk_size=chunk, kernel=kernel)
+    args.update(features=favor_features(), kernel=kernel)
+    one = lambda q, k, v, m: attention.favor_attention(q, k, v, key_mask=m, **args)
     split = lambda q, k, v, m: sequence_parallel.sequence_parallel_favor_attention(
-        q, k, v, features=features, causal=causal, key_mask=m, chunk_size=chunk, kernel=kernel)
+        q, k, v, key_mask=m, **args)
   else:
-    one = lambda q, k, v, m: attention.linear_attention(q, k, v, causal=causal, key_mask=m,
-                                                        chunk_size=chunk)
+    one = lambda q, k, v, m: attention.linear_attention(q, k, v, key_mask=m, **args)
     split = lambda q, k, v, m: sequence_parallel.sequence_parallel_linear_attention(
-        q, k, v, causal=causal, key_mask=m, chunk_size=chunk)
+        q, k, v, key_mask=m, **args)
   return one, split
 
 
@@ -172,11 +177,12 @@ def test_favor_and_linear_equal_one_device(name, kernel, causal, length):
     np.testing.assert_allclose(g_split, g, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("precision", ["exact", "fast"])
 @pytest.mark.parametrize("name,kernel", [("favor", "softmax"), ("favor", "relu"),
                                          ("linear", None)])
-def test_causal_positions_do_not_depend_on_later_devices(name, kernel):
+def test_causal_positions_do_not_depend_on_later_devices(name, kernel, precision):
   q, k, v, key_mask, _ = inputs(2, 64, pad=False)
-  _, split = linear_pair(name, kernel, True)
+  _, split = linear_pair(name, kernel, True, precision=precision)
   before = np.asarray(run_split(split, q, k, v, key_mask))
   later = np.arange(64) >= 40                        # device 2 (from 40) and device 3
   k2 = jnp.where(later[None, :, None, None], 50.0 * k, k)   # huge keys: a max would move
@@ -184,6 +190,95 @@ def test_causal_positions_do_not_depend_on_later_devices(name, kernel):
   after = np.asarray(run_split(split, q, k2, v2, key_mask))
   np.testing.assert_array_equal(after[:, :32], before[:, :32])   # devices 0 and 1, bit for bit
   assert not np.allclose(after[:, 40:], before[:, 40:])
+
+
+def fast_bound(name, q, k, v):
+  """The one-device fast tests' bound on |out_fast - out_exact| (tests/favor_test.py,
+  tests/linear_test.py): bfloat16 rounding of the projection (FAVOR+) and of every matmul
+  operand, at most D relative on any weight of the average, so (exp(2 D) - 1) 2 max |v|."""
+  if name == "favor":
+    return favor_test._fast_bound(q, k, v, favor_features())           # noqa: SLF001
+  return (np.exp(2 * 5 * favor_test.U) - 1) * 2 * float(np.abs(np.asarray(v)).max())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kernel,causal", LINEAR_CASES)
+def test_fast_precision_split_agrees_with_one_device(name, kernel, causal):
+  """precision="fast" over 4 devices (chunks of 11) against the one-device function at "fast"
+  and at "exact", outputs and gradients, with padding: within the one-device fast tests'
+  bfloat16 bound (`fast_bound`; gradients within 4 times it relative to their largest entry,
+  and closer than a zero gradient by 10x; relu: dv only, its dq, dk jump where a rounded
+  projection crosses 0), and it did round."""
+  q, k, v, key_mask, _ = inputs(3, 44)
+  one_fast, split_fast = linear_pair(name, kernel, causal, precision="fast")
+  one_exact, split_exact = linear_pair(name, kernel, causal, precision="exact")
+  run = {"split": lambda q, k, v: run_split(split_fast, q, k, v, key_mask),
+         "fast": lambda q, k, v: jax.jit(one_fast)(q, k, v, key_mask),
+         "exact": lambda q, k, v: jax.jit(one_exact)(q, k, v, key_mask)}
+  got, fast, exact = (np.asarray(run[p](q, k, v)) for p in ("split", "fast", "exact"))
+  bound = fast_bound(name, q, k, v)
+  assert np.abs(got - fast).max() <= bound and np.abs(got - exact).max() <= bound
+  assert np.abs(got - np.asarray(run_split(split_exact, q, k, v, key_mask))).max() > 0
+  assert np.all(got[~np.asarray(key_mask)] == 0)
+
+  ct = jnp.asarray(np.random.default_rng(1).normal(size=v.shape), jnp.float32)
+  grads = {p: jax.grad(lambda q, k, v: jnp.sum(ct * run[p](q, k, v)), argnums=(0, 1, 2))(
+      q, k, v) for p in run}
+  scale = 4 * bound / float(np.abs(np.asarray(v)).max())
+  for i, name_ in enumerate("qkv"):
+    if kernel == "relu" and name_ != "v":
+      continue
+    gs = np.asarray(grads["split"][i])
+    for p in ("fast", "exact"):
+      g = np.asarray(grads[p][i])
+      err = np.abs(gs - g).max()
+      assert err <= scale * np.abs(g).max() + 1e-6, (name_, p)
+      assert err <= 0.1 * np.abs(g).max(), (name_, p)
+
+
+def _equations(jaxpr):
+  """The equations of a jaxpr and of every jaxpr nested in it."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else (param,):
+        sub = getattr(sub, "jaxpr", sub)                        # a ClosedJaxpr's jaxpr
+        if hasattr(sub, "eqns"):
+          yield from _equations(sub)
+
+
+@pytest.mark.parametrize("name,kernel,causal", LINEAR_CASES)
+def test_fast_precision_rounds_every_contraction_and_nothing_else(name, kernel, causal):
+  """Every matmul of the split function and of its gradient takes bfloat16 operands with float32
+  results at "fast", as on one device (a contraction left in float32 is closer to exact and
+  passes any error bound), and float32 operands at "exact"; and at "fast" nothing but a matmul
+  takes a bfloat16 value (or a call passing it on: the gradient's residuals), so no maximum,
+  exp, sum, normaliser or state is rounded."""
+  q, k, v, key_mask, _ = inputs(1, 32, heads=2)
+  for precision, operand in (("fast", jnp.bfloat16), ("exact", jnp.float32)):
+    _, split = linear_pair(name, kernel, causal, precision=precision)
+    loss = lambda q, k, v: jnp.sum(run_split(split, q, k, v, key_mask))
+    for fn in (loss, jax.grad(loss, argnums=(0, 1, 2))):
+      eqns = list(_equations(jax.make_jaxpr(fn)(q, k, v).jaxpr))
+      dots = [eqn for eqn in eqns if eqn.primitive.name == "dot_general"]
+      assert dots
+      for eqn in dots:
+        assert [x.aval.dtype for x in eqn.invars] == [operand] * 2, (precision, eqn)
+        assert eqn.outvars[0].aval.dtype == jnp.float32, (precision, eqn)
+      rounded = [eqn for eqn in eqns if eqn.primitive.name not in ("dot_general", "jit",
+                                                                    "shard_map")
+                 and any(getattr(x.aval, "dtype", None) == jnp.bfloat16 for x in eqn.invars)]
+      assert not rounded, (precision, rounded)
+
+
+@pytest.mark.parametrize("name", ["favor", "linear"])
+def test_a_bad_precision_is_refused(name):
+  q, k, v, key_mask, _ = inputs(1, 16, pad=False)
+  _, split = linear_pair(name, "softmax", False, precision="bf16")
+  with pytest.raises(ValueError, match="precision must be one of 'auto', 'exact', 'fast', got "
+                                       "'bf16'") as error:
+    run_split(split, q, k, v, key_mask)
+  assert "\n" not in str(error.value)
 
 
 # --- The sequence axis of the mesh in a whole training step (models/sequence.py) ---------------
@@ -227,6 +322,38 @@ def test_a_split_sequence_trains_like_one_device(kind, pool, dropout):
     np.testing.assert_allclose(p_split, p, rtol=2e-4, atol=5e-5)   # after Adam
   if kind == "band":
     assert "collective-permute" in hlo
+
+
+@pytest.mark.parametrize("kind", ["favor", "linear"])
+def test_a_layer_with_precision_runs_split(kind):
+  """A config with mesh.sequence > 1 and model.attention.precision passes the config check, and
+  its attention layer hands the precision to the sequence-parallel function: "fast" equals the
+  one-device layer at "fast" (bidirectional: the same operands rounded, the states summed in
+  another order) and differs from "exact"."""
+  import configs
+  from flax import nnx
+  from lra import schema
+  from models.attention_layer import MultiHeadAttention
+  config = configs.build_config("listops", size="small", attention=kind, overrides=[
+      ("mesh.sequence", "4"), ("model.attention.precision", "fast")])
+  schema.check(config)
+  assert config.model.attention.precision == "fast"
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 32, 16)), jnp.float32)
+  key_mask = jnp.arange(32)[None] < jnp.array([[32], [21]])
+
+  def layer_out(precision, devices):
+    spec = {"kind": kind, "precision": precision}
+    if kind == "favor":
+      spec.update(num_features=16)
+    layer = MultiHeadAttention(16, 2, 16, spec, max_length=32, rngs=nnx.Rngs(0))
+    if devices == 1:
+      return np.asarray(jax.jit(lambda x: layer(x, key_mask))(x))
+    with jax.set_mesh(Mesh(np.array(jax.devices()[:devices]), ("sequence",))):
+      return np.asarray(jax.jit(lambda x: layer(x, key_mask))(x))
+
+  split = layer_out("fast", 4)
+  np.testing.assert_allclose(split, layer_out("fast", 1), rtol=RTOL, atol=ATOL)
+  assert np.abs(split - layer_out("exact", 4)).max() > 1e-4
 
 
 def test_kinds_that_cannot_run_split_are_refused():
