@@ -455,6 +455,35 @@ def test_the_global_query_is_band_attention_with_the_query_global(causal):
                                 np.asarray(last))
 
 
+def test_the_global_query_layers_pass_the_configs_splash_tiles(monkeypatch):
+  """config.model.splash reaches the kernel of the global-query layers too (they call their
+  band function themselves); other backends get no tiles."""
+  from attention import splash
+  task = get_task("needle")
+  tiles = dict(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128,
+               block_kv_dkv=128, block_kv_dkv_compute=128)
+  calls = []
+
+  def function(kind, implementation, **_):
+    def band(q, k, v, **kwargs):
+      calls.append((implementation, kwargs.get("tiles")))
+      return jnp.zeros_like(q)
+    return band
+
+  monkeypatch.setattr(needle_task.backends, "function", function)
+  x = jnp.ones((1, L, 16))
+  for implementation, want in (("splash", splash.Tiles(**tiles)), ("xla", None)):
+    cfg = _model_cfg(task, "band", "bidirectional", global_query=True)
+    cfg["attention"] = {**cfg["attention"], "implementation": implementation}
+    model = task.build_model({**cfg, "splash": tiles}, nnx.Rngs(1))
+    for block in model.encoder.blocks:
+      assert isinstance(block.attention, needle_task.QueryGlobalBandAttention)
+      assert block.attention.tiles == want
+      calls.clear()
+      block.attention(x, None)
+      assert calls == [(implementation, want)]
+
+
 def test_configs_build_and_refuse():
   base = configs.build_config("needle", size="base")
   assert base.data.max_length == 1024 and base.data.distances == tuple(range(256, 1024))

@@ -99,6 +99,8 @@ class QueryGlobalBandAttention(GlobalBandAttention):
     args = {**self.args, "max_global": max(self.args.get("max_global") or 0, 1)}
     if self.causal:
       args["causal"] = True
+    if self.tiles is not None:   # splash's tiles (config.model.splash)
+      args["tiles"] = self.tiles
     band = backends.function(self.kind, self.implementation)
     out = band(q, k, v, key_mask=key_mask, global_mask=query_position(key_mask), **args)
     return jnp.einsum("blhd,hde->ble", out, self.out[...].astype(out.dtype))  # [B, L, E]
@@ -115,7 +117,7 @@ def make_query_global(encoder: models.Encoder, cfg: Mapping[str, Any], *, causal
     if split_spec(spec)[0] == "band":
       block.attention = QueryGlobalBandAttention(
           s.emb_dim, s.num_heads, s.qkv_dim, spec, max_length=s.max_length, causal=causal,
-          layer_index=i, positions=s.positions, num_global=1, rngs=rngs)
+          layer_index=i, positions=s.positions, num_global=1, tiles=s.splash_tiles, rngs=rngs)
       replaced += 1
   return replaced
 
