@@ -259,9 +259,10 @@ class AdaptiveSpan(Extras):
     self.span = param(rngs, nnx.initializers.constant(init), (num_heads,), ("heads",))
 
   def spans(self) -> jax.Array:
-    """z per head in tokens, clipped to [0, S] (held where `train_span` is false)."""
+    """z per head in tokens, clipped to [0, S] (held where `train_span` is false); the clip's
+    derivative is 1 at 0 and 1 included (`adaptive_span.clamp`), the authors' at their start."""
     p = self.span[...] if self.train_span else jax.lax.stop_gradient(self.span[...])
-    return self.max_span * jnp.clip(p, 0.0, 1.0)
+    return self.max_span * adaptive_span.clamp(p, 0.0, 1.0)
 
   def window_for(self, p) -> int:
     """The smallest band window exact for the parameter values `p` (concrete, `[H]`):

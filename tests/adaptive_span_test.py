@@ -178,6 +178,106 @@ def test_span_gradient_is_nonzero_only_inside_the_ramp():
   assert g[1] == 0.0
 
 
+def authors_mask(current_val, max_size, ramp_size):
+  """`AdaptiveMask.forward` of facebookresearch/adaptive-span (adaptive_span.py), transcribed:
+  the mask over the `max_size` positions before the query, entry j for the key max_size - j
+  back, and its derivative in `current_val` (z / max_size) as torch computes it, clamp's being
+  1 on [0, 1] bounds included and 0 outside. Float64."""
+  mask_template = np.linspace(1 - max_size, 0, max_size)
+  mask = mask_template + current_val * max_size
+  mask = mask / ramp_size + 1
+  grad = np.where((mask >= 0) & (mask <= 1), max_size / ramp_size, 0.0)
+  return np.clip(mask, 0, 1), grad
+
+
+def ours_from_authors(z, distance, ramp, size=32):
+  """Our mask and dm/dz at `distance` (an int array) from `authors_mask`: theirs starts at the
+  key one back, ours at the query itself, so our distance x is their x + 1 (column
+  size - 1 - x)."""
+  mask, grad = authors_mask(z / size, size, ramp)   # size a power of 2: z / size * size == z
+  col = size - 1 - np.asarray(distance)
+  return mask[col], grad[col] / size
+
+
+@pytest.mark.parametrize("z", [0.0, 1.0, 6.0, 13.0, 2.5, 7.25])
+def test_the_ramps_value_and_span_gradient_are_the_authors_mask_at_its_kinks_too(z):
+  # At integer spans the ramp is exactly 1 at x = z and exactly 0 at x = z + R; torch.clamp
+  # passes the slope 1/R at both, jnp.clip would give half.
+  ramp, x = 5.0, np.arange(0, 31)
+  want, want_grad = ours_from_authors(z, x, ramp)
+  got = span_mask(jnp.asarray(x, jnp.float32), jnp.float32(z), ramp)
+  grad = jax.jacfwd(lambda s: span_mask(jnp.asarray(x, jnp.float32), s, ramp))(jnp.float32(z))
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-6)
+  # The values are jnp.clip's, bit for bit.
+  np.testing.assert_array_equal(
+      np.asarray(got), np.asarray(jnp.clip((ramp + jnp.float32(z) - x) / ramp, 0.0, 1.0)))
+  if z == int(z):
+    assert grad[int(z)] == grad[int(z) + int(ramp)] == np.float32(1 / ramp)
+
+
+def paper_form_span_gradient(q, k, v, c, span, ramp, causal, key_mask):
+  """d sum(o * c) / dz per head for the paper's o_t = sum_r m e^s v_r / sum_r m e^s over the
+  real (and, causal, earlier) keys, with the authors' mask and its torch derivative
+  (`ours_from_authors`): every key with dm/dz != 0 counts, m = 0 ones included."""
+  q, k, v, c = (np.asarray(a, np.float64) for a in (q, k, v, c))
+  b_, length, h, d = q.shape
+  t, r = np.arange(length)[:, None], np.arange(length)[None, :]
+  dist = (t - r) if causal else np.abs(t - r)
+  out = np.zeros(h)
+  for b in range(b_):
+    for head in range(h):
+      m, dmdz = ours_from_authors(span[head], np.clip(dist, 0, 31), ramp)
+      real = key_mask[b][None, :] & ((r <= t) if causal else True)
+      s = q[b, :, head] @ k[b, :, head].T / np.sqrt(d)
+      s = np.where(real, s, -np.inf)
+      e = np.exp(s - s.max(axis=1, keepdims=True))
+      z_t = (m * e).sum(axis=1, keepdims=True)
+      z_t = np.where(z_t > 0, z_t, 1.0)   # padded queries with no key in their span
+      o = (m * e) @ v[b, :, head] / z_t
+      do_dm = e[:, :, None] * (v[b, None, :, head] - o[:, None, :]) / z_t[:, :, None]
+      per_query = np.einsum("trd,td->t", do_dm * dmdz[:, :, None], c[b, :, head])
+      out[head] += per_query[key_mask[b]].sum()
+  return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_span_gradient_at_integer_spans_is_the_papers_form_with_the_authors_mask(causal):
+  """At spans 0 (the paper's start), 1, 6 and S = 20 the ramp has keys exactly at both of its
+  ends; the gradient there is that of m e^s / sum m e^s with torch's clamp derivative,
+  including the key at x = z + R (m = 0, left out of the log form's softmax). 2.5: no kink."""
+  max_span, ramp, length = 20, 5, 29
+  q, k, v, key_mask = inputs(length, heads=5, seed=6)
+  c = jax.random.normal(jax.random.key(8), v.shape)
+  span = np.array([0.0, 1.0, 6.0, 20.0, 2.5])
+
+  def loss(z):
+    out = adaptive_span_attention(q, k, v, span=z, max_span=max_span, ramp=ramp,
+                                  causal=causal, key_mask=jnp.asarray(key_mask),
+                                  window=max_span + ramp, block_size=8)
+    return jnp.sum(out * c)
+
+  got = np.asarray(jax.grad(loss)(jnp.asarray(span, jnp.float32)))
+  want = paper_form_span_gradient(q, k, v, c, span, ramp, causal, key_mask)
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5)
+
+
+def test_the_modules_span_has_the_authors_gradient_at_0_and_1():
+  """p = 0 (the paper's start) and p = 1 are the clip's bounds: d z / d p = S there, as for
+  the authors' current_val (clamped after each update, never in the forward pass); 0 outside
+  [0, 1]. The L1 term's gradient at 0 is the whole lambda / M * S."""
+  from models import attention_extras
+  module = attention_extras.AdaptiveSpan(
+      {"max_span": 16, "ramp": 4, "penalty": 0.5}, num_heads=4, head_dim=8, max_length=64,
+      rngs=nnx.Rngs(0))
+  module.span[...] = jnp.array([0.0, 1.0, 0.25, -0.1])
+  grad = nnx.grad(lambda m: jnp.sum(m.spans()))(module)
+  np.testing.assert_array_equal(np.asarray(grad["span"][...]), [16.0, 16.0, 16.0, 0.0])
+  grad = nnx.grad(lambda m: m.penalty_terms())(module)
+  grad = np.asarray(grad["span"][...])
+  np.testing.assert_allclose(grad, np.array([1.0, 1.0, 1.0, 0.0]) * 0.5 / 4 * 16)
+
+
 def test_the_penalty_is_lambda_over_heads_times_the_clipped_spans_of_every_layer():
   from models import attention_extras
 
