@@ -59,7 +59,8 @@ COLUMNS = ("run", "task", "attention", "size", "overrides", "seed", "steps", "to
            "reason")
 FORMATS = ("markdown", "csv", "json")
 _HIGHER = {m[0]: m[4] for m in METRICS}
-_NOT_RUNS = {"checkpoints", "best", "tensorboard"}
+_NOT_RUNS = {"checkpoints", "best", "tensorboard",
+             "leftovers"}   # lra.checkpoint.LEFTOVERS: what a resume moved aside
 _STEP_DIR = re.compile(r"\d+")
 
 

@@ -177,6 +177,19 @@ def test_results_of_the_wrong_shape_are_listed(tmp_path, text):
   assert run_state.finished(str(run))
 
 
+def test_what_a_resume_moved_aside_is_not_listed_as_a_run(tmp_path):
+  """A leftover moved into `leftovers/` (lra.checkpoint) may hold another run's files."""
+  from lra import checkpoint
+  (tmp_path / "config.json").write_text(json.dumps({"task": "listops"}))
+  (tmp_path / "results.json").write_text(json.dumps({"steps": 10}))
+  for folder in ("runs/a", f"runs/a/{checkpoint.LEFTOVERS}/20260101-000000/best/x",
+                 f"{checkpoint.LEFTOVERS}/1/y"):
+    (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    (tmp_path / folder / "config.json").write_text(json.dumps({"task": "listops"}))
+  assert results_lib.find_runs(str(tmp_path / "runs")) == [str(tmp_path / "runs" / "a")]
+  assert results_lib.find_runs(str(tmp_path)) == [str(tmp_path)]
+
+
 @pytest.mark.parametrize("content", [b'["a", "list"]', b'"text"', b'{"steps": 1', b'',
                                      b'{"steps": "\xff"}', b'42'])
 def test_damaged_results_are_unfinished_for_results_and_sweep_alike(tmp_path, content):
