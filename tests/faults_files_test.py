@@ -182,7 +182,8 @@ def test_what_a_resume_moved_aside_is_not_listed_as_a_run(tmp_path):
   from lra import checkpoint
   (tmp_path / "config.json").write_text(json.dumps({"task": "listops"}))
   (tmp_path / "results.json").write_text(json.dumps({"steps": 10}))
-  for folder in ("runs/a", f"runs/a/{checkpoint.LEFTOVERS}/20260101-000000/best/x",
+  # runs/b has no record of its own (its config.json lost), only what was moved aside
+  for folder in ("runs/a", f"runs/b/{checkpoint.LEFTOVERS}/20260101-000000/best/x",
                  f"{checkpoint.LEFTOVERS}/1/y"):
     (tmp_path / folder).mkdir(parents=True, exist_ok=True)
     (tmp_path / folder / "config.json").write_text(json.dumps({"task": "listops"}))
