@@ -183,7 +183,7 @@ def test_what_a_resume_moved_aside_is_not_listed_as_a_run(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"task": "listops"}))
   (tmp_path / "results.json").write_text(json.dumps({"steps": 10}))
   # runs/b has no record of its own (its config.json lost), only what was moved aside
-  for folder in ("runs/a", f"runs/b/{checkpoint.LEFTOVERS}/20260101-000000/best/x",
+  for folder in ("runs/a", f"runs/b/{checkpoint.LEFTOVERS}/20260101-000000/other-tool",
                  f"{checkpoint.LEFTOVERS}/1/y"):
     (tmp_path / folder).mkdir(parents=True, exist_ok=True)
     (tmp_path / folder / "config.json").write_text(json.dumps({"task": "listops"}))
