@@ -60,7 +60,7 @@ COLUMNS = ("run", "task", "attention", "size", "overrides", "seed", "steps", "to
 FORMATS = ("markdown", "csv", "json")
 _HIGHER = {m[0]: m[4] for m in METRICS}
 _NOT_RUNS = {"checkpoints", "best", "tensorboard",
-             "leftovers"}   # lra.checkpoint.LEFTOVERS: what a resume moved aside
+             "leftovers"}   # lra.leftovers.LEFTOVERS: what a resume moved aside
 _STEP_DIR = re.compile(r"\d+")
 
 

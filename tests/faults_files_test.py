@@ -178,13 +178,13 @@ def test_results_of_the_wrong_shape_are_listed(tmp_path, text):
 
 
 def test_what_a_resume_moved_aside_is_not_listed_as_a_run(tmp_path):
-  """A leftover moved into `leftovers/` (lra.checkpoint) may hold another run's files."""
-  from lra import checkpoint
+  """A leftover moved into `leftovers/` (lra.leftovers) may hold another run's files."""
+  from lra import leftovers
   (tmp_path / "config.json").write_text(json.dumps({"task": "listops"}))
   (tmp_path / "results.json").write_text(json.dumps({"steps": 10}))
   # runs/b has no record of its own (its config.json lost), only what was moved aside
-  for folder in ("runs/a", f"runs/b/{checkpoint.LEFTOVERS}/20260101-000000/other-tool",
-                 f"{checkpoint.LEFTOVERS}/1/y"):
+  for folder in ("runs/a", f"runs/b/{leftovers.LEFTOVERS}/20260101-000000/other-tool",
+                 f"{leftovers.LEFTOVERS}/1/y"):
     (tmp_path / folder).mkdir(parents=True, exist_ok=True)
     (tmp_path / folder / "config.json").write_text(json.dumps({"task": "listops"}))
   assert results_lib.find_runs(str(tmp_path / "runs")) == [str(tmp_path / "runs" / "a")]

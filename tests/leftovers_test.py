@@ -1,4 +1,4 @@
-"""Leftovers never block a resume (lra/checkpoint.py `move_leftovers`).
+"""Leftovers never block a resume (lra/leftovers.py `move_leftovers`).
 
 One tiny ListOps run is trained in this process and stopped by a Ctrl-C at step 3 of 4
 (checkpoints 2 and 3, best 2), and copied for each case. In a copy, a file, another tool's folder
