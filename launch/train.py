@@ -16,8 +16,10 @@ abstract inputs and stops a run that cannot fit the devices' memory with one lin
 status 2 (`--no_preflight` skips it). `--dry_run` prints what a run would be (the config's
 difference from the task's default, mesh and shardings, parameter count, memory per device,
 compile time; `--dry_run=steps:N` adds the time of N steps on random batches) and writes
-nothing. Compiled programs are kept in JAX's persistent cache (`lra.compiling.cache_directory`,
-off with `--no_compile_cache`), so the run reuses the preflight's compilation.
+nothing. It refuses a bad value with the run's own line; what the workdir holds (a finished run,
+another run's lock) does not stop it: it says what a real run would do there. Compiled
+programs are kept in JAX's persistent cache (`lra.compiling.cache_directory`, off with
+`--no_compile_cache`), so the run reuses the preflight's compilation.
 """
 
 from __future__ import annotations
@@ -184,6 +186,7 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
     _check_names(args)
     config = configs.build_config(args.task, attention=args.attention, size=args.size,
                                   arg=args.arg, overrides=overrides)
+    schema.check_task(config, tasks_lib.check_name(args.task))
     check_config(config)
     check_phase_overrides(config, overrides)
     dry_steps = dry_run_steps(getattr(args, "dry_run", None))
@@ -196,19 +199,22 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
   try:  # a finished run is shown, continued to more steps, or refused: never rewritten
     rerun, stored = _rerun(config, workdir)
   except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  if rerun == "same":
+    if dry_steps is None:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+    rerun, stored = "refused", f"{e}"   # a dry run says so and goes on
+  if rerun == "same" and dry_steps is None:
     print(tasks_lib.get_task(config.task).result_line(
         stored, storage.join(storage.resolve(workdir), "results.json")), flush=True)
     return 0
   try:   # where the run writes (a finished run above may be shown from a read-only one)
-    check_workdir(workdir)
-    storage.check_remote(workdir)   # a bucket: gcsfs installed, the bucket there, credentials
+    if rerun in ("new", "more"):
+      check_workdir(workdir)
+      storage.check_remote(workdir)   # a bucket: gcsfs installed, the bucket there, credentials
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  if rerun == "more":
+  if rerun == "more" and dry_steps is None:
     print(f"Continuing the finished run in {workdir} from step {stored['steps']} to "
           f"{config.num_train_steps} (num_train_steps: {stored['steps']} -> "
           f"{config.num_train_steps}).", flush=True)
@@ -226,7 +232,7 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
     return 130
   with compiling.compile_cache(not getattr(args, "no_compile_cache", False)):
     if dry_steps is not None:
-      status = dry_run(config, workdir, dry_steps)
+      status = dry_run(config, workdir, dry_steps, workdir_lines(config, workdir, rerun, stored))
       return 130 if _interrupted(startup) else status
     if not getattr(args, "no_preflight", False):
       status, plans = run_preflight(config, workdir, yes=getattr(args, "yes", False))
@@ -370,10 +376,49 @@ def run_preflight(config: ml_collections.ConfigDict, workdir: str, *,
   return 0, plans
 
 
-def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int) -> int:
-  """Prints what the run would be (see the module docstring); 2 when it cannot fit."""
+def workdir_lines(config: ml_collections.ConfigDict, workdir: str, rerun: str,
+                  stored: Any) -> list[str]:
+  """What a real run would do with what `workdir` holds, for the dry run: `rerun` and `stored`
+  are `_rerun`'s answer ("refused" and the refusal when it raised). Nothing for a folder a run
+  would simply start or resume in. A run holding the workdir's lock (or a phase's) is named too:
+  a real run would stop when it takes the lock, after its preflight."""
+  lines = []
+  where = storage.join(workdir, "results.json")
+  if rerun == "same":
+    line = tasks_lib.get_task(config.task).result_line(stored, where)
+    lines.append(f"workdir: holds this run finished ({where}); a real run would change nothing "
+                 f"and print its result: {line}")
+  elif rerun == "more":
+    lines.append(f"workdir: holds this run finished at step {stored['steps']} ({where}); a real "
+                 f"run would continue it from its last checkpoint to step "
+                 f"{config.num_train_steps}.")
+  elif rerun == "refused":
+    lines.append(f"workdir: holds a finished run; a real run would stop with: error: {stored}")
+  if config.get("phases"):
+    for k in range(len(config.phases)):
+      phase = storage.join(workdir, f"phase{k + 1}")
+      if phases.finished_results(phase) is not None:
+        lines.append(f"workdir: phase {k + 1}/{len(config.phases)} finished earlier "
+                     f"({storage.join(phase, 'results.json')}); a real run skips it.")
+  if rerun in ("new", "more") and not storage.is_remote(workdir):   # as a run, after the above
+    from lra import lock
+    for folder in [workdir] + [storage.join(workdir, d) for d in run_state.phase_dirs(workdir)]:
+      busy = lock.refusal(folder)
+      if busy:
+        lines.append(f"workdir: another run holds it; a real run started now would stop when "
+                     f"it takes the lock (after its preflight) with: error: {busy}")
+        break
+  return lines
+
+
+def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int,
+            notes: Sequence[str] = ()) -> int:
+  """Prints what the run would be (see the module docstring), after `notes` (what a real run
+  would do with what the workdir holds); 2 when it cannot fit."""
   from lra import preflight, preflight_lines
   print(f"dry run: {config.task} ({schema.run_label(config)}); nothing is written to {workdir}")
+  for line in notes:
+    print(line)
   default, changes = config_changes(config)
   n = len(changes)
   differ = "differs" if n == 1 else "differ"

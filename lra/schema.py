@@ -17,14 +17,21 @@ The model settings' names and rules (pos_emb, pool, remat, dtype, qkv_dim agains
 rotary's even head dimension, the sublayer order) are those of `models.settings`, which the
 model constructors apply too: one rule, one message, wherever it is found.
 
+`init_from` must be an existing folder and the ListOps generator's sizes must let it make its
+trees (`_check_listops_generator`: the longest tree, the int32 token count, the fraction of
+draws kept at `max_depth`), so that a run and a dry run refuse them before anything compiles.
+
 This module belongs to the trainer side and imports only ml_collections, the attention kinds'
 records, the model settings and the standard library, never jax, so the config files
-(`configs/`) and the command line can use it and checking a config is instant.
+(`configs/`) and the command line can use it and checking a config is instant (the ListOps
+check imports numpy, only for a config with the generator's fields).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from typing import Any, Callable, Mapping
 
 import ml_collections
@@ -76,6 +83,11 @@ def one_of(*names: str) -> Rule:
   return (lambda v: v in names), f"must be one of {', '.join(names)}"
 
 
+def text(what: str) -> Rule:
+  """A string: `what` it names."""
+  return (lambda v: isinstance(v, str)), f"must be a string ({what})"
+
+
 def _model_choice(setting: str) -> tuple[str, Rule, str]:
   """The FIELDS row of a named model setting (`models.settings.CHOICES`)."""
   field, names, meaning = model_settings.CHOICES[setting]
@@ -108,6 +120,11 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("adam_eps", number(0, strict=True), "Adam's denominator epsilon"),
     _model_choice("remat"),
     _model_choice("dtype"),
+    ("init_from", text("a folder, or '' for none"), "a finished run's workdir or checkpoints/ "
+     "folder whose parameters start this run"),
+    ("init_from_hf", text("a folder, or '' for none"), "a local Hugging Face checkpoint folder"),
+    ("data.data_dir", text("a folder"), "the folder of the prepared dataset"),
+    ("data.manual_dir", text("a folder"), "the folder of the original archives"),
     ("init_length", NON_NEGATIVE, "the max_length of the init_from run when shorter (its "
      "learned positions are tiled); 0 = the same length"),
     ("pretrain.steps", NON_NEGATIVE, "self-pretraining steps of protocol spt; 0 = half"),
@@ -197,6 +214,97 @@ def _refuse(field: str, value: Any, rule: Rule, meaning: str) -> None:
     raise ValueError(f"{field} = {value!r}: {rule[1]} ({meaning}).")
 
 
+# The ListOps generator (lra/data/listops_generator.py; tests/dry_run_test.py checks this
+# against it) counts each tree's tokens in int32 while it draws the tree.
+GENERATOR_COUNT_MAX = 2**31 - 1
+# The longest gen_max_length whose kept fraction (`listops_kept`) is computed by the check; a
+# longer window skips it (its cost grows with gen_max_length).
+KEPT_CHECK_TOKENS = 8192
+
+
+def listops_longest(max_depth: int, max_args: int) -> int:
+  """The most tokens a ListOps tree of `max_depth` levels and `max_args` arguments can have
+  (every node above the last level an operator, its token, max_args children and `]`), capped
+  at GENERATOR_COUNT_MAX + 1."""
+  tokens = 1
+  for _ in range(max_depth - 1):
+    tokens = 2 + max_args * tokens
+    if tokens > GENERATOR_COUNT_MAX:
+      return GENERATOR_COUNT_MAX + 1
+  return tokens
+
+
+@functools.lru_cache(maxsize=64)
+def listops_kept(low: int, high: int, depth: int, args: int) -> tuple[float, ...]:
+  """For max_depth = 1, 2, ..., depth: the probability that one tree the ListOps generator draws
+  has low < tokens < high (is kept). Exact up to floating point: the distribution of a
+  subtree's token count below `high`, level by level from the last one (a digit there; above it
+  a digit with probability 3/4, else an operator, its token, 2..args uniform children and `]`).
+  Once the distribution stops changing (its change shrinks geometrically with the depth) the
+  last value stands for every deeper one."""
+  import numpy as np   # only for a config with the ListOps generator's fields
+  size = 1 << (2 * high - 1).bit_length()   # no wrap-around below `high` in one product
+  rfft, irfft = np.fft.rfft, np.fft.irfft
+  q = np.zeros(high)   # [high] P(a subtree has n tokens)
+  q[1] = 1.0
+  kept, change = [float(q[low + 1:].sum())], 1.0
+  for _ in range(depth - 1):
+    if change < 1e-9:   # the distribution has settled (the rest of its change is smaller)
+      kept.append(kept[-1])
+      continue
+    before = q
+    f = rfft(q, size)
+    more = np.zeros(high)   # 1 + q + ... + q^(args - 2), by Horner
+    more[0] = 1.0
+    for _ in range(args - 2):
+      more = irfft(f * rfft(more, size), size)[:high]
+      more[0] += 1.0
+    pair = irfft(f * f, size)[:high]
+    children = irfft(rfft(pair, size) * rfft(more, size), size)[:high - 2] / (args - 1)
+    q = np.zeros(high)
+    q[1] = 0.75
+    q[2:] = 0.25 * np.clip(children, 0.0, None)
+    kept.append(float(q[low + 1:].sum()))
+    change = float(np.abs(q - before).sum())
+  return tuple(kept)
+
+
+def _check_listops_generator(config: Any) -> None:
+  """The ListOps generator's sizes against the trees it can make (see the messages)."""
+  low, high = _get(config, "data.gen_min_length"), _get(config, "data.gen_max_length")
+  depth, args = _get(config, "data.max_depth"), _get(config, "data.max_args")
+  if not all(_is_int(v) for v in (low, high, depth, args)) or not _get(config, "data.generate"):
+    return
+  longest = listops_longest(depth, args)
+  sizes = f"config.data.max_depth = {depth} and config.data.max_args = {args}"
+  most = GENERATOR_COUNT_MAX // (args + 1) + 1
+  if longest > GENERATOR_COUNT_MAX and high > most:
+    raise ValueError(f"config.data.gen_max_length = {high}: must be at most {most:,} with "
+                     f"{sizes} (the ListOps generator counts a tree's tokens in int32, and a "
+                     f"tree still shorter than gen_max_length can grow {args + 1}-fold in one "
+                     f"level).")
+  if low >= longest:
+    raise ValueError(f"config.data.gen_min_length = {low}: must be below {longest:,}, the most "
+                     f"tokens a ListOps tree of {sizes} can have (the generator would search "
+                     f"for longer trees in vain); lower it or raise config.data.max_depth.")
+  if high > KEPT_CHECK_TOKENS:   # a longer window costs too much to compute here
+    return
+  from lra.data.listops_generator import IDLE_ROUNDS, ROOTS_PER_ROUND   # numpy only
+  window = IDLE_ROUNDS * ROOTS_PER_ROUND
+  kept = listops_kept(low, high, min(depth, (high + 1) // 3 + 1), args)
+  if kept[-1] * window < 1:   # deeper than (high + 1) // 3 + 1 draws only longer trees
+    best = max(range(len(kept)), key=kept.__getitem__)
+    fix = (f"max_depth = {best + 1} keeps the most ({kept[best]:.2g} of the draws)"
+           if kept[best] * window >= 1 else "widen gen_min_length..gen_max_length")
+    why = " (deeper trees mostly grow past gen_max_length)" if best + 1 < depth else ""
+    raise ValueError(
+        f"config.data.max_depth = {depth}: the ListOps generator would find almost no tree: "
+        f"one it draws has config.data.gen_min_length = {low} < tokens < "
+        f"config.data.gen_max_length = {high} with probability {kept[-1]:.2g}{why}, and it "
+        f"gives up after {IDLE_ROUNDS} rounds of {ROOTS_PER_ROUND} draws that keep nothing; "
+        f"{fix}.")
+
+
 def _check_fields(config: ml_collections.ConfigDict, prefix: str = "") -> None:
   for field, rule, meaning in FIELDS:
     if field.startswith(prefix):
@@ -214,6 +322,7 @@ def _check_fields(config: ml_collections.ConfigDict, prefix: str = "") -> None:
       raise ValueError(f"config.data.gen_max_length = {high}: must be at least "
                        f"config.data.gen_min_length + 2 = {low + 2} (examples are kept when "
                        f"gen_min_length < tokens < gen_max_length).")
+    _check_listops_generator(config)
 
 
 def _check_heads(model: Any) -> None:
@@ -449,6 +558,29 @@ def _check_init_from_hf(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.init_from_hf: {e}") from None
 
 
+def _check_init_from(config: ml_collections.ConfigDict) -> None:
+  """`init_from`: a local folder that exists (the run reads its newest checkpoint once it has
+  compiled and prepared its data; a bucket path is left to it)."""
+  path = config.get("init_from") if hasattr(config, "get") else None
+  if not path or not isinstance(path, str) or "://" in path:
+    return
+  local = os.path.expanduser(path)
+  if not os.path.isdir(local):
+    what = "is a file" if os.path.exists(local) else "does not exist"
+    raise ValueError(f"config.init_from = {path!r}: {what}; give a finished run's workdir or "
+                     f"its checkpoints/ folder, whose parameters start this run, or '' for "
+                     f"none.")
+
+
+def check_task(config: ml_collections.ConfigDict, task: str) -> None:
+  """`config.task` must be the task whose config file made `config` (`configs/<task>.py`):
+  the file's data, model and sizes are that task's, so another task cannot run on them."""
+  if config.get("task") != task:
+    raise ValueError(f"config.task = {config.get('task')!r}: configs/{task}.py is the config "
+                     f"of task {task!r}; run `lra run {config.get('task')}` for another task "
+                     f"(its own config file), or leave config.task as it is.")
+
+
 def _check_splash(tiles: Any) -> None:
   """config.model.splash: the TPU splash kernel's tiles (`attention.splash.Tiles`)."""
   from attention import splash    # jax: imported only when a config has the field
@@ -462,6 +594,7 @@ def check(config: ml_collections.ConfigDict, *, context: str = "") -> None:
   """Raises ValueError (one line, prefixed by `context`) at the first invalid value."""
   try:
     _check_fields(config)
+    _check_init_from(config)
     _check_init_from_hf(config)
     _check_mesh(_get(config, "mesh"))
     model = _get(config, "model")
@@ -490,4 +623,5 @@ def check_data(config: ml_collections.ConfigDict) -> None:
 
 
 __all__ = ["COMPRESSIONS", "DTYPES", "FIELDS", "MESH_AXES", "POOLINGS", "POSITIONS", "REMATS",
-           "SCHEDULES", "arg_items", "attention_sublayers", "run_label", "check", "check_attention", "check_data", "check_memory"]
+           "SCHEDULES", "arg_items", "attention_sublayers", "run_label", "check", "check_attention",
+           "check_data", "check_memory", "check_task"]

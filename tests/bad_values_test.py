@@ -4,9 +4,11 @@
 list` and `lra launch` with a bad flag, config value or path. Each goes through the real command
 (`launch.cli.main`) and must return 2, print exactly one `error: ` line that contains the
 expected text, print nothing else, take under a second (before anything heavy is imported) and
-create nothing. The table in docs/training.md ("Bad values") is generated from what the
-commands print: the test fails when the docs differ, and `LRA_UPDATE_DOCS=1 pytest
-tests/bad_values_test.py` rewrites them.
+create nothing. Each `lra run` row is also run with `--dry_run`, which must end with the very
+same line: a dry run refuses what the run refuses. The table in docs/training.md ("Bad values")
+is generated from what the commands print, the dry run's outcome beside the run's: the test
+fails when the docs differ, and `LRA_UPDATE_DOCS=1 pytest tests/bad_values_test.py` rewrites
+them.
 """
 
 import os
@@ -62,6 +64,11 @@ BAD = [
     ("run listops --config.init_from_hf=/proc", "config.init_from_hf: /proc/config.json: missing"),
     ("run listops --config.init_from=/proc --config.init_from_hf=/proc",
      "give init_from or init_from_hf, not both"),
+    ("run listops --config.init_from=/nonexistent",
+     "config.init_from = '/nonexistent': does not exist"),
+    ("run listops --config.init_from={file}", "afile': is a file"),
+    ("run listops --config.task=text",
+     "config.task = 'text': configs/listops.py is the config of task 'listops'"),
     ("run listops --config.weight_decay=-1", "config.weight_decay = -1.0"),
     ("run listops --config.grad_clip=-1", "config.grad_clip = -1.0"),
     ("run listops --config.adam_b1=1", "config.adam_b1 = 1.0"),
@@ -130,6 +137,12 @@ BAD = [
     ("run listops --config.data.gen_min_length=10 --config.data.gen_max_length=11",
      "config.data.gen_max_length = 11: must be at least config.data.gen_min_length + 2"),
     ("run listops --config.data.max_depth=0", "config.data.max_depth = 0"),
+    ("run listops --config.data.max_depth=1000",
+     "config.data.max_depth = 1000: the ListOps generator would find almost no tree"),
+    ("run listops --config.data.max_depth=3", "config.data.gen_min_length = 500: must be below "
+     "122, the most tokens a ListOps tree of config.data.max_depth = 3"),
+    ("run listops --config.data.max_depth=12 --config.data.gen_max_length=2147483647",
+     "config.data.gen_max_length = 2147483647: must be at most 195,225,787"),
     ("run listops --config.data.max_args=1", "config.data.max_args = 1"),
     ("run pathfinder --config.data.difficulty=extreme", "config.data.difficulty = 'extreme'"),
     ("run pathfinder --config.data.resolution=0", "config.data.resolution = 0"),
@@ -221,17 +234,38 @@ def _error_line(command: str, folder: Path, capsys) -> str:
   return err.rstrip("\n")
 
 
+def dry_command(command: str) -> str | None:
+  """The `lra run` command as a dry run (`--dry_run` added, unless it has one); None for the
+  other commands."""
+  if command.split(" ", 1)[0] != "run":
+    return None
+  return command if "--dry_run" in command else f"{command} --dry_run"
+
+
+def _dry_line(command: str, folder: Path, capsys) -> str | None:
+  """The dry run's one error line (the checks of `_error_line`), None for another command."""
+  dry = dry_command(command)
+  return None if dry is None else _error_line(dry, folder, capsys)
+
+
 @pytest.mark.parametrize("command, message", BAD, ids=[c for c, _ in BAD])
 def test_each_bad_value_is_one_line_and_exit_2(command, message, tmp_path, capsys):
-  assert message in _error_line(command, tmp_path, capsys)
+  line = _error_line(command, tmp_path, capsys)
+  assert message in line
+  dry = _dry_line(command, tmp_path, capsys)
+  assert dry in (None, line), f"{command} --dry_run ends otherwise: {dry}"
 
 
-def table(lines: list[tuple[str, str]]) -> str:
-  """The docs' markdown table of (command, error line)."""
+SAME = "the same line, exit status 2"
+
+
+def table(lines: list[tuple[str, str, str | None]]) -> str:
+  """The docs' markdown table of (command, error line, the dry run's error line or None)."""
   cut = lambda s: s if len(s) <= 170 else s[:167] + "..."  # noqa: E731
   code = lambda s: "`` " + s.replace("|", "\\|") + " ``"  # noqa: E731  (backticks inside)
-  rows = ["| Command | What it prints (exit status 2) |", "|---|---|"]
-  rows += [f"| {code('lra ' + c)} | {code(cut(e))} |" for c, e in lines]
+  dry = lambda e, d: ("-" if d is None else SAME if d == e else code(cut(d)))  # noqa: E731
+  rows = ["| Command | What it prints (exit status 2) | With `--dry_run` |", "|---|---|---|"]
+  rows += [f"| {code('lra ' + c)} | {code(cut(e))} | {dry(e, d)} |" for c, e, d in lines]
   return "\n".join(rows)
 
 
@@ -242,8 +276,9 @@ def test_the_docs_table_is_what_the_commands_print(tmp_path, capsys):
   for i, (command, _) in enumerate(BAD):
     folder = tmp_path / str(i)
     folder.mkdir()
-    lines.append((_shown(_fill(command, folder), folder),
-                  _shown(_error_line(command, folder, capsys), folder)))
+    line, dry = _error_line(command, folder, capsys), _dry_line(command, folder, capsys)
+    lines.append((_shown(_fill(command, folder), folder), _shown(line, folder),
+                  None if dry is None else _shown(dry, folder)))
   want = table(lines)
   text = DOC.read_text()
   assert BEGIN in text and END in text, f"docs/training.md lacks the {BEGIN} ... {END} markers"
@@ -256,3 +291,5 @@ def test_the_docs_table_is_what_the_commands_print(tmp_path, capsys):
   assert new == text, ("docs/training.md's bad-value table differs from what the commands "
                        "print: rerun with LRA_UPDATE_DOCS=1 to rewrite it")
   assert "| `` lra run listops --config.log_every=0 `` | `` error: config.log_every = 0: " in want
+  assert all(d in (None, e) for _, e, d in lines), "a dry run ends otherwise than its run"
+  assert f" | {SAME} |" in want and "| `` lra list nosuchkind `` |" in want

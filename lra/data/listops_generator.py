@@ -49,7 +49,8 @@ _DIGIT0 = TOKEN_TO_ID["0"]        # id of digit d is _DIGIT0 + d
 _OP0 = TOKEN_TO_ID["[MIN"]        # ids of OPERATORS are _OP0 + 0..3
 END_ID = TOKEN_TO_ID["]"]
 VALUE_P = 0.25                    # P(operator) at depth < max_depth; _draw_levels assumes 1/4
-_ROOTS_PER_ROUND = 2048           # trees drawn together by the vectorised generator
+ROOTS_PER_ROUND = 2048            # trees drawn together by the vectorised generator
+IDLE_ROUNDS = 200                 # rounds without a new kept tree before the generator gives up
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,13 +187,13 @@ def generate(num: int, *, min_length: int, max_length: int, max_depth: int = 10,
   out = []
   idle_rounds = 0  # consecutive rounds that found nothing new
   while len(out) < num:
-    if idle_rounds == 200:
+    if idle_rounds == IDLE_ROUNDS:
       raise RuntimeError(
           f"the generator found only {len(out)} of {num} unique trees with lengths in "
           f"({min_length}, {max_length}) for max_depth={max_depth}, max_args={max_args}; "
           f"widen the length bounds or ask for fewer examples.")
     idle_rounds += 1
-    levels, length = _draw_levels(rng, _ROOTS_PER_ROUND, max_length, max_depth, max_args)
+    levels, length = _draw_levels(rng, ROOTS_PER_ROUND, max_length, max_depth, max_args)
     keep = (length > min_length) & (length < max_length)  # [T]: complete trees only
     if not keep.any():
       continue
