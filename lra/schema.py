@@ -18,7 +18,7 @@ rotary's even head dimension, the sublayer order) are those of `models.settings`
 model constructors apply too: one rule, one message, wherever it is found.
 
 `init_from` must be an existing folder and the ListOps generator's sizes must let it make its
-trees (`_check_listops_generator`: the longest tree, the int32 token count, the fraction of
+trees (`lra.listops_limits`: the longest tree, the int32 token count, the fraction of
 draws kept at `max_depth`), so that a run and a dry run refuse them before anything compiles.
 
 This module belongs to the trainer side and imports only ml_collections, the attention kinds'
@@ -29,7 +29,6 @@ check imports numpy, only for a config with the generator's fields).
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from typing import Any, Callable, Mapping
@@ -37,6 +36,8 @@ from typing import Any, Callable, Mapping
 import ml_collections
 
 from attention import backends, kinds
+from lra import listops_limits
+from lra.schema_memory import COMPRESSIONS, check_memory
 from models import settings as model_settings
 from models.settings import DTYPES, POOLINGS, POSITIONS, REMATS
 
@@ -44,7 +45,6 @@ from models.settings import DTYPES, POOLINGS, POSITIONS, REMATS
 # agree). The models' names (POSITIONS, POOLINGS, DTYPES, REMATS) are models.settings'.
 SCHEDULES = ("rsqrt", "cosine", "constant")
 MESH_AXES = ("data", "fsdp", "sequence", "tensor")
-COMPRESSIONS = ("mean", "max", "conv")   # the Compressive Transformer's compression functions
 
 Rule = tuple[Callable[[Any], bool], str]  # (is the value valid, what it must be)
 
@@ -214,95 +214,13 @@ def _refuse(field: str, value: Any, rule: Rule, meaning: str) -> None:
     raise ValueError(f"{field} = {value!r}: {rule[1]} ({meaning}).")
 
 
-# The ListOps generator (lra/data/listops_generator.py; tests/dry_run_test.py checks this
-# against it) counts each tree's tokens in int32 while it draws the tree.
-GENERATOR_COUNT_MAX = 2**31 - 1
-# The longest gen_max_length whose kept fraction (`listops_kept`) is computed by the check; a
-# longer window skips it (its cost grows with gen_max_length).
-KEPT_CHECK_TOKENS = 8192
-
-
-def listops_longest(max_depth: int, max_args: int) -> int:
-  """The most tokens a ListOps tree of `max_depth` levels and `max_args` arguments can have
-  (every node above the last level an operator, its token, max_args children and `]`), capped
-  at GENERATOR_COUNT_MAX + 1."""
-  tokens = 1
-  for _ in range(max_depth - 1):
-    tokens = 2 + max_args * tokens
-    if tokens > GENERATOR_COUNT_MAX:
-      return GENERATOR_COUNT_MAX + 1
-  return tokens
-
-
-@functools.lru_cache(maxsize=64)
-def listops_kept(low: int, high: int, depth: int, args: int) -> tuple[float, ...]:
-  """For max_depth = 1, 2, ..., depth: the probability that one tree the ListOps generator draws
-  has low < tokens < high (is kept). Exact up to floating point: the distribution of a
-  subtree's token count below `high`, level by level from the last one (a digit there; above it
-  a digit with probability 3/4, else an operator, its token, 2..args uniform children and `]`).
-  Once the distribution stops changing (its change shrinks geometrically with the depth) the
-  last value stands for every deeper one."""
-  import numpy as np   # only for a config with the ListOps generator's fields
-  size = 1 << (2 * high - 1).bit_length()   # no wrap-around below `high` in one product
-  rfft, irfft = np.fft.rfft, np.fft.irfft
-  q = np.zeros(high)   # [high] P(a subtree has n tokens)
-  q[1] = 1.0
-  kept, change = [float(q[low + 1:].sum())], 1.0
-  for _ in range(depth - 1):
-    if change < 1e-9:   # the distribution has settled (the rest of its change is smaller)
-      kept.append(kept[-1])
-      continue
-    before = q
-    f = rfft(q, size)
-    more = np.zeros(high)   # 1 + q + ... + q^(args - 2), by Horner
-    more[0] = 1.0
-    for _ in range(args - 2):
-      more = irfft(f * rfft(more, size), size)[:high]
-      more[0] += 1.0
-    pair = irfft(f * f, size)[:high]
-    children = irfft(rfft(pair, size) * rfft(more, size), size)[:high - 2] / (args - 1)
-    q = np.zeros(high)
-    q[1] = 0.75
-    q[2:] = 0.25 * np.clip(children, 0.0, None)
-    kept.append(float(q[low + 1:].sum()))
-    change = float(np.abs(q - before).sum())
-  return tuple(kept)
-
-
 def _check_listops_generator(config: Any) -> None:
-  """The ListOps generator's sizes against the trees it can make (see the messages)."""
+  """The ListOps generator's sizes against the trees it can make (`lra.listops_limits`)."""
   low, high = _get(config, "data.gen_min_length"), _get(config, "data.gen_max_length")
   depth, args = _get(config, "data.max_depth"), _get(config, "data.max_args")
   if not all(_is_int(v) for v in (low, high, depth, args)) or not _get(config, "data.generate"):
     return
-  longest = listops_longest(depth, args)
-  sizes = f"config.data.max_depth = {depth} and config.data.max_args = {args}"
-  most = GENERATOR_COUNT_MAX // (args + 1) + 1
-  if longest > GENERATOR_COUNT_MAX and high > most:
-    raise ValueError(f"config.data.gen_max_length = {high}: must be at most {most:,} with "
-                     f"{sizes} (the ListOps generator counts a tree's tokens in int32, and a "
-                     f"tree still shorter than gen_max_length can grow {args + 1}-fold in one "
-                     f"level).")
-  if low >= longest:
-    raise ValueError(f"config.data.gen_min_length = {low}: must be below {longest:,}, the most "
-                     f"tokens a ListOps tree of {sizes} can have (the generator would search "
-                     f"for longer trees in vain); lower it or raise config.data.max_depth.")
-  if high > KEPT_CHECK_TOKENS:   # a longer window costs too much to compute here
-    return
-  from lra.data.listops_generator import IDLE_ROUNDS, ROOTS_PER_ROUND   # numpy only
-  window = IDLE_ROUNDS * ROOTS_PER_ROUND
-  kept = listops_kept(low, high, min(depth, (high + 1) // 3 + 1), args)
-  if kept[-1] * window < 1:   # deeper than (high + 1) // 3 + 1 draws only longer trees
-    best = max(range(len(kept)), key=kept.__getitem__)
-    fix = (f"max_depth = {best + 1} keeps the most ({kept[best]:.2g} of the draws)"
-           if kept[best] * window >= 1 else "widen gen_min_length..gen_max_length")
-    why = " (deeper trees mostly grow past gen_max_length)" if best + 1 < depth else ""
-    raise ValueError(
-        f"config.data.max_depth = {depth}: the ListOps generator would find almost no tree: "
-        f"one it draws has config.data.gen_min_length = {low} < tokens < "
-        f"config.data.gen_max_length = {high} with probability {kept[-1]:.2g}{why}, and it "
-        f"gives up after {IDLE_ROUNDS} rounds of {ROOTS_PER_ROUND} draws that keep nothing; "
-        f"{fix}.")
+  listops_limits.check(low, high, depth, args)
 
 
 def _check_fields(config: ml_collections.ConfigDict, prefix: str = "") -> None:
@@ -485,61 +403,6 @@ def _check_implementations(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"{field} (layer {i}): {reason} Use auto to pick one that does, or xla.")
 
 
-def check_memory(config) -> None:
-  """Raises ValueError (one line) for a bad Transformer-XL / compressive memory setting."""
-  model, data = config.get("model", {}), config.get("data", {})
-  m_len, n_cm = model.get("memory_length", 0), model.get("compressed_length", 0)
-  rate, kind = model.get("compression_rate", 1), model.get("compression", "conv")
-  eval_fields = (("model.eval_memory_length", model.get("eval_memory_length", 0)),
-                 ("model.clamp_len", model.get("clamp_len", 0)),
-                 ("data.eval_streams", data.get("eval_streams", 0)))
-  for field, v in (("model.memory_length", m_len), ("model.compressed_length", n_cm),
-                   ("model.segment_length", model.get("segment_length", 0))) + eval_fields:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-      raise ValueError(f"config.{field} = {v!r}: must be an integer >= 0 (0: none).")
-  if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
-    raise ValueError(f"config.model.compression_rate = {rate!r}: must be an integer >= 1.")
-  if kind not in COMPRESSIONS:
-    raise ValueError(f"config.model.compression = {kind!r}: must be one of "
-                     f"{', '.join(COMPRESSIONS)} (the compression function).")
-  same = model.get("same_length", False)
-  if not isinstance(same, bool):
-    raise ValueError(f"config.model.same_length = {same!r}: must be true or false (evaluation "
-                     f"with every query seeing the same number of keys).")
-  if same and not m_len:
-    raise ValueError("config.model.same_length = True: needs config.model.memory_length > 0 (a "
-                     "model without memory evaluates independent windows).")
-  if not m_len:
-    if n_cm:
-      raise ValueError(f"config.model.compressed_length = {n_cm}: needs "
-                       "config.model.memory_length > 0 (the memory feeds the compression).")
-    for field, v in eval_fields:
-      if v:
-        raise ValueError(f"config.{field} = {v}: needs config.model.memory_length > 0 (a "
-                         "model without memory evaluates independent windows).")
-    return
-  used = {model.attention.get("kind")} | {a.get("kind", model.attention.get("kind"))
-                                         for a in (model.get("layer_attention") or ())}
-  bad = sorted(k for k in used if not kinds.get(k).memory)
-  if bad or model.get("pos_emb") != "relative":
-    memory = kinds.names_where(lambda k: k.memory)
-    raise ValueError(f"config.model.memory_length = {m_len}: needs the causal kinds "
-                     f"{' or '.join(memory)} with pos_emb='relative', not attention "
-                     f"{', '.join(bad or sorted(used))} with pos_emb={model.get('pos_emb')!r}.")
-  length = data.get("max_length", 0)
-  if n_cm and length % rate:
-    raise ValueError(f"config.model.compression_rate = {rate}: must divide the segment "
-                     f"config.data.max_length = {length}.")
-  seg = model.get("segment_length", 0) or m_len
-  if n_cm and seg % rate:
-    raise ValueError(f"config.model.compression_rate = {rate}: must divide the evaluation "
-                     f"segment {seg} (config.model.segment_length, 0: memory_length).")
-  if data.get("streams", 0) != config.get("batch_size"):
-    raise ValueError(f"config.data.streams = {data.get('streams', 0)!r}: must equal "
-                     f"config.batch_size = {config.get('batch_size')} with a memory (each batch "
-                     "row one contiguous stream).")
-
-
 def _check_init_from_hf(config: ml_collections.ConfigDict) -> None:
   """`init_from_hf`: a local Hugging Face checkpoint folder of a supported architecture (its
   config.json is read; the tensors when the run starts). A user gives it or `init_from`, not
@@ -582,8 +445,8 @@ def check_task(config: ml_collections.ConfigDict, task: str) -> None:
 
 
 def _check_splash(tiles: Any) -> None:
-  """config.model.splash: the TPU splash kernel's tiles (`attention.splash.Tiles`)."""
-  from attention import splash    # jax: imported only when a config has the field
+  """config.model.splash: the TPU splash kernel's tiles (`attention.splash_tiles.Tiles`)."""
+  from attention import splash_tiles as splash   # no jax
   try:
     splash.splash_tiles(dict(tiles))
   except (TypeError, ValueError) as e:

@@ -19,7 +19,7 @@ import pytest
 
 import configs
 from launch import cli
-from lra import schema
+from lra import listops_limits, schema
 from lra.data import listops_generator as gen
 
 TINY = ["--size", "small", "--config.data.max_length=24", "--config.data.gen_min_length=4",
@@ -76,7 +76,7 @@ def test_config_task_is_the_config_files_task():
 @pytest.mark.parametrize("depth, args", [(1, 10), (2, 2), (2, 10), (3, 2), (3, 3)])
 def test_the_longest_tree_is_the_generators(depth, args):
   """`listops_longest`: the generator makes a tree of exactly that many tokens, never longer."""
-  longest = schema.listops_longest(depth, args)
+  longest = listops_limits.listops_longest(depth, args)
   rows = gen.generate(1, min_length=longest - 1, max_length=longest + 5, max_depth=depth,
                       max_args=args, seed=0) if longest > 1 else [(np.zeros(1), 0)]
   assert len(rows[0][0]) == longest
@@ -97,7 +97,7 @@ def test_the_kept_fraction_is_the_generators():
       _, length = gen._draw_levels(rng, gen.ROOTS_PER_ROUND, high, depth, 10)
       kept += int(np.count_nonzero((length > low) & (length < high)))
       drawn += length.size
-    p = schema.listops_kept(low, high, depth, 10)[-1]
+    p = listops_limits.listops_kept(low, high, depth, 10)[-1]
     sigma = (p * (1 - p) / drawn) ** 0.5
     assert abs(kept / drawn - p) < 5 * sigma + 1e-6, (low, high, depth, kept / drawn, p)
 
@@ -117,7 +117,7 @@ def test_a_max_depth_the_generator_finds_nothing_at_is_refused():
 
 
 def test_gen_max_length_where_the_int32_count_could_overflow():
-  assert schema.GENERATOR_COUNT_MAX == np.iinfo(np.int32).max
+  assert listops_limits.GENERATOR_COUNT_MAX == np.iinfo(np.int32).max
   _, length = gen._draw_levels(np.random.default_rng(0), 4, 100, 5, 10)
   assert length.dtype == np.int32    # the count the bound protects
   message = _refusal(("data.max_depth", "12"), ("data.gen_max_length", "2147483647"),
