@@ -5,7 +5,7 @@
 PART is `env`, `tests`, `speed`, `grid`, `lra`, `all` (every part in turn), or `lease`: the
 one command for a short lease, under 9 minutes of GPU time (`LEASE_BUDGETS`): `env`, `tests` on
 the files that failed on the H100 (`LEASE_TEST_FILES`), `speed` on the target points only
-(`device_speed.target_points`: dense through `auto` against cuDNN called directly, the band,
+(`device_targets.target_points`: dense through `auto` against cuDNN called directly, the band,
 BigBird, strided, FAVOR+ and linear targets, the band kernel's block-size sweep, cuDNN's causal
 sliding window, on a TPU the splash tile sweep; then the table of targets, met or not and how
 far), and `lra` with dense attention only. Each part writes
@@ -79,7 +79,7 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
 elif ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from benchmarks import device_runs, device_speed, device_wheels  # noqa: E402
+from benchmarks import device_runs, device_speed, device_targets, device_wheels  # noqa: E402
 from benchmarks.device_common import Budget, Recorder, machine  # noqa: E402
 
 PARTS = ("env", "tests", "speed", "grid", "lra")
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
   info = dict(machine(), staged_wheels=staged)
   if args.worker:                           # the speed part's child process
     budget = Budget(args.budget or BUDGETS["speed"])
-    worker = device_speed.targets_worker if args.targets else device_speed.speed_worker
+    worker = device_targets.targets_worker if args.targets else device_speed.speed_worker
     worker(Recorder(out, "speed", command, info), budget, toy, out)
     return 0
   worst = 0
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         with _test_files(LEASE_TEST_FILES if args.lease else None):
           device_runs.part_tests(rec, budget, toy, out)
       elif part == "speed":
-        device_speed.part_speed(rec, budget, toy, out, args.wheels, targets=args.targets)
+        device_targets.part_speed(rec, budget, toy, out, args.wheels, targets=args.targets)
       elif part == "grid":
         device_speed.part_grid(rec, budget, toy, out, scratch)
       else:

@@ -374,7 +374,7 @@ def plot(records: dict, path: str, dtype: str = "bfloat16", head_dim: int = 128)
 
 
 def variants_table(records: dict) -> str:
-  """The points of the lease's variants (`device_speed.target_points`): FAVOR+ and linear per
+  """The points of the lease's variants (`device_targets.target_points`): FAVOR+ and linear per
   precision, the band kernel's block-size sweep, cuDNN's causal window, splash's tiles."""
   lines = ["| case | variant | length | head dim | backend | fwd ms | fwd+bwd ms | "
            "own TFLOP/s |", "|---|---|---:|---:|---|---:|---:|---:|"]
@@ -391,9 +391,9 @@ def variants_table(records: dict) -> str:
 
 
 def lease_targets_table(records: dict) -> str:
-  """The targets of the lease's speed part (`device_speed.target_verdicts`), recomputed from
+  """The targets of the lease's speed part (`device_targets.target_verdicts`), recomputed from
   its points: met or not, and how far."""
-  from benchmarks.device_speed import target_verdicts, verdicts_table
+  from benchmarks.device_targets import target_verdicts, verdicts_table
   rows = [r for r in records["speed"] if r.get("name") == "attention"]
   return verdicts_table(target_verdicts(rows))
 

@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from benchmarks import device_check, device_runs, device_speed, device_wheels  # noqa: E402
+from benchmarks import (device_check, device_runs, device_speed, device_targets,  # noqa: E402
+                        device_wheels)
 SCRIPT = os.path.join(ROOT, "benchmarks", "device_check.py")
 
 
@@ -166,8 +167,8 @@ def test_lease_is_one_command_under_nine_minutes(tmp_path):
 
 
 def test_target_points_cover_every_target():
-  points = device_speed.target_points(False, "gpu")
-  keys = [device_speed._target_key(p) for p in points]
+  points = device_targets.target_points(False, "gpu")
+  keys = [device_targets._target_key(p) for p in points]
   assert len(keys) == len(set(keys))
   have = set(keys)
   for d in (64, 128):
@@ -182,17 +183,17 @@ def test_target_points_cover_every_target():
       assert (case, f"precision={p}", "bfloat16", 128, 16384) in have
   assert {k[1] for k in keys if k[0] == "cudnn_window"} == {"window=256", "window=512"}
   sweep = [p for p in points if "sweep" in p]
-  assert len(sweep) == len(device_speed.BAND_SWEEP) >= 4
+  assert len(sweep) == len(device_targets.BAND_SWEEP) >= 4
   assert not any("tiles" in p for p in points)                      # splash: TPU only
-  assert sum("tiles" in p for p in device_speed.target_points(False, "tpu")) == len(
-      device_speed.SPLASH_SWEEP)
+  assert sum("tiles" in p for p in device_targets.target_points(False, "tpu")) == len(
+      device_targets.SPLASH_SWEEP)
   from attention import splash
-  for tiles in device_speed.SPLASH_SWEEP:
+  for tiles in device_targets.SPLASH_SWEEP:
     splash.splash_tiles(tiles)                                      # valid tiles
   assert all(p["batch"] * p["length"] >= device_speed.TOKENS and
              p["heads"] * p["head_dim"] == device_speed.WIDTH for p in points)
-  for p in points + device_speed.target_points(True, "cpu"):
-    assert device_speed._target_case(p)["name"] == p["case"]
+  for p in points + device_targets.target_points(True, "cpu"):
+    assert device_targets._target_case(p)["name"] == p["case"]
 
 
 def _target_rows(times, toy=False):
@@ -217,7 +218,7 @@ class _Verdicts(dict):
 
 
 def _verdicts(times):
-  return _Verdicts({v["target"]: v for v in device_speed.target_verdicts(_target_rows(times))})
+  return _Verdicts({v["target"]: v for v in device_targets.target_verdicts(_target_rows(times))})
 
 
 def test_target_verdicts_at_their_bounds():
@@ -259,14 +260,14 @@ def test_target_verdicts_say_what_was_not_measured():
   rows = _target_rows({("cudnn_dense", "", 128, 4096): 10.0, ("dot_product", "", 128, 4096): 9.0})
   rows.append(dict(case="bigbird", variant="", dtype="bfloat16", head_dim=128, length=32768,
                    status="skipped: budget"))
-  v = {t["target"]: t for t in device_speed.target_verdicts(rows)}
+  v = {t["target"]: t for t in device_targets.target_verdicts(rows)}
   dense = v["dense through auto within 5% of cuDNN direct, 4K-32K, d 64 and 128"]
   assert dense["met"] is None and "not measured: d=128 16K (no record)" in dense["measured"]
   assert v["BigBird, 32K, fwd+bwd <= 4 ms"] == dict(
       target="BigBird, 32K, fwd+bwd <= 4 ms", measured="not measured: skipped: budget",
       met=None, ratio=None)
-  table = device_speed.verdicts_table(device_speed.target_verdicts(rows))
-  assert table.count("| not measured |") == len(device_speed.target_verdicts(rows))
+  table = device_targets.verdicts_table(device_targets.target_verdicts(rows))
+  assert table.count("| not measured |") == len(device_targets.target_verdicts(rows))
 
 
 def test_the_sweep_passes_only_what_the_kernel_takes(monkeypatch):
@@ -277,27 +278,27 @@ def test_the_sweep_passes_only_what_the_kernel_takes(monkeypatch):
                  num_stages=None):
     return q
 
-  point = next(p for p in device_speed.target_points(True, "cpu") if "sweep" in p)
-  case = device_speed._target_case(point)
+  point = next(p for p in device_targets.target_points(True, "cpu") if "sweep" in p)
+  case = device_targets._target_case(point)
   for kernel, available in ((old_kernel, False), (new_kernel, True)):
-    monkeypatch.setattr(device_speed, "_kind_function", lambda *a, **k: (
+    monkeypatch.setattr(device_targets, "_kind_function", lambda *a, **k: (
         lambda q, k_, v, **more: kernel(q, k_, v, window=256, **more), "pallas", kernel))
-    attend, backend, why = device_speed._target_function(point, case, None)
+    attend, backend, why = device_targets._target_function(point, case, None)
     if available:
       assert attend is not None and why == ""
     else:
       assert attend is None and why == ("not available: the band kernel takes no num_warps, "
                                         "num_stages")
-  assert device_speed.accepted(lambda q, **kw: q, ("num_warps",)) == ["num_warps"]
+  assert device_targets.accepted(lambda q, **kw: q, ("num_warps",)) == ["num_warps"]
 
 
 def test_precision_setting_is_read_from_the_kinds():
   import inspect
 
   import attention
-  assert device_speed.precision_argument("dot_product") is None
+  assert device_targets.precision_argument("dot_product") is None
   for kind in ("favor", "linear"):
-    name = device_speed.precision_argument(kind)
+    name = device_targets.precision_argument(kind)
     assert name is not None and name in inspect.signature(attention.get(kind)).parameters
 
 
