@@ -100,7 +100,7 @@ class Run:
     self.writer.keep_only(lambda r: r["step"] < start or (
         r["step"] == start and not (start == total and r["split"] != "train")))
     self.bar = progress.Progress(total, start) if config.get("progress", True) else None
-    self.last_loss, self.t_log = None, time.perf_counter()
+    self.last_loss, self.last_loss_step, self.t_log = None, None, time.perf_counter()
     self.periodic = [Periodic(int(config.log_every), self.log_train_metrics, last=True),
                      Periodic(int(config.eval_every), self.evaluate, last=False),
                      Periodic(self.ckpt.every, self.save_checkpoint)]
@@ -284,7 +284,7 @@ class Run:
     m["learning_rate"] = float(learning_rate_schedule(self.config)(step))
     m.update(self.trainer.span_summary(self.state["params"]))
     self.writer.write(step, "train", m)
-    self.last_loss, self.train_sums, self.t_log = m["loss"], None, now
+    self.last_loss, self.last_loss_step, self.train_sums, self.t_log = m["loss"], step, None, now
 
   def evaluate(self, step: int) -> None:
     """Evaluates on validation (a line for it when there is no progress bar)."""
@@ -300,7 +300,7 @@ class Run:
       hook(step)
 
   def show_progress(self, step: int) -> None:
-    self.bar.update(step, self.last_loss)
+    self.bar.update(step, self.last_loss, loss_step=self.last_loss_step)
 
   # Evaluation and the end of the run.
 

@@ -119,3 +119,25 @@ def test_a_failing_step_ends_the_bar_line_before_the_error_line():
   with pytest.raises(OSError):
     run.train()
   assert stream.getvalue().endswith("\n") and "3/10" in stream.getvalue().rsplit("\r", 1)[-1]
+
+
+def test_a_loss_from_an_earlier_step_names_its_step(monkeypatch):
+  """Stopped at step 138 with the last window logged at step 100: the line shows that loss as
+  step 100's, not as the current step's; a loss of the current step is shown plainly."""
+  clock = [0.0]
+  monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+  stream = Piped()
+  bar = progress.Progress(1000, stream=stream, line_interval=3600.0)
+  clock[0] = 10.0
+  bar.update(100, 2.5, loss_step=100, force=True)
+  bar.update(138, 2.5, loss_step=100)
+  bar.close()
+  lines = stream.getvalue().splitlines()
+  assert lines[0].startswith("train: step 100/1000 (10%), loss 2.5000, ")
+  assert lines[1].startswith("train: step 138/1000 (14%), loss 2.5000 (step 100), ")
+  bar = progress.Progress(1000, stream=Terminal())
+  bar.update(138, 2.5, loss_step=100)
+  assert bar.bar.postfix == "loss 2.5000 (step 100)"
+  bar.update(200, 2.25)
+  assert bar.bar.postfix == "loss 2.2500"
+  bar.close()
