@@ -13,6 +13,31 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # devices each are covered by the same number.
 os.environ["NPROC"] = "32"
 
+# JAX's persistent compilation cache, for the whole run: a folder of its own (never the user's
+# ~/.cache, whatever JAX_COMPILATION_CACHE_DIR the shell holds), made by the first pytest process
+# of the run and shared through the environment with xdist's workers and every process the tests
+# start, removed when that process exits. Every program is kept however small or fast to compile
+# (JAX's defaults keep only those that took a second): the suite compiles the same tiny steps in
+# many tests and processes. Tests of the compile cache itself opt out
+# (`without_suite_compile_cache` below). LRA_TEST_COMPILE_CACHE=off runs the suite without it (to
+# measure what it saves).
+SUITE_COMPILE_CACHE = os.environ.get("LRA_TEST_COMPILE_CACHE")
+if SUITE_COMPILE_CACHE == "off":
+  pass
+elif not SUITE_COMPILE_CACHE or not os.path.isdir(SUITE_COMPILE_CACHE):
+  import atexit  # noqa: E402
+  import shutil  # noqa: E402
+  import tempfile  # noqa: E402
+  SUITE_COMPILE_CACHE = tempfile.mkdtemp(prefix="lra-test-compile-cache-")
+  os.environ["LRA_TEST_COMPILE_CACHE"] = SUITE_COMPILE_CACHE
+  atexit.register(shutil.rmtree, SUITE_COMPILE_CACHE, True)
+if SUITE_COMPILE_CACHE == "off":
+  os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+else:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = SUITE_COMPILE_CACHE
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+
 # glibc keeps the blocks XLA:CPU frees instead of unmapping them, as in every `lra` process
 # (lra/host_memory.py); before JAX starts its threads.
 from lra import host_memory  # noqa: E402
@@ -26,6 +51,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 import signal  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -43,6 +69,86 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow: end to end (trains models, runs the `lra` command or several processes, "
       "soaks faults); `make test-fast` skips these, CI runs them")
+
+
+# The suite's time guard: with LRA_SUITE_LIMIT_S set (.ci/run sets it), a run whose wall time
+# exceeds that many seconds fails after its tests, naming its 10 slowest. Unset (a developer's
+# `make test`, on a machine as loaded as it happens to be) nothing is checked. Measured in the
+# process that reports (xdist's controller, which receives every worker's reports).
+SUITE_LIMIT_ENV = "LRA_SUITE_LIMIT_S"
+_suite = {"start": None, "durations": {}}
+
+
+def _reporting(config) -> bool:
+  return not hasattr(config, "workerinput")   # not one of xdist's workers
+
+
+def suite_limit() -> float | None:
+  """LRA_SUITE_LIMIT_S in seconds, None when unset or empty; a ValueError for anything else."""
+  value = os.environ.get(SUITE_LIMIT_ENV, "").strip()
+  if not value:
+    return None
+  try:
+    limit = float(value)
+  except ValueError:
+    limit = -1.0
+  if not limit > 0:
+    raise ValueError(f"{SUITE_LIMIT_ENV}={value!r}: give the suite's limit in seconds, such as "
+                     f"900, or leave it unset for no limit")
+  return limit
+
+
+def over_limit(seconds: float, limit: float | None, durations: dict[str, float]) -> str | None:
+  """The guard's report when `seconds` exceeds `limit`: one line, then the 10 slowest tests
+  (setup, call and teardown together), slowest first; None within the limit or without one."""
+  if limit is None or seconds <= limit:
+    return None
+  slowest = sorted(durations.items(), key=lambda item: -item[1])[:10]
+  lines = [f"error: the suite took {seconds:.0f} s, over its limit of {limit:.0f} s "
+           f"({SUITE_LIMIT_ENV}); its slowest tests:"]
+  lines += [f"  {secs:8.1f} s  {nodeid}" for nodeid, secs in slowest]
+  return "\n".join(lines)
+
+
+def pytest_sessionstart(session):
+  if _reporting(session.config):
+    suite_limit()   # a bad value fails before the tests run, not after
+    _suite["start"] = time.monotonic()
+
+
+def pytest_runtest_logreport(report):
+  durations = _suite["durations"]
+  durations[report.nodeid] = durations.get(report.nodeid, 0.0) + report.duration
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+  if not _reporting(session.config) or _suite["start"] is None:
+    return
+  report = over_limit(time.monotonic() - _suite["start"], suite_limit(), _suite["durations"])
+  _suite["report"] = report
+  if report is not None and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+  if _suite.get("report"):
+    terminalreporter.write_line(_suite["report"], red=True, bold=True)
+
+
+@pytest.fixture
+def without_suite_compile_cache(monkeypatch):
+  """No suite-wide compile cache in this test or the processes it starts: for the tests of the
+  compile cache itself (which folder a run uses, what it leaves there, a first compile that
+  must miss)."""
+  from jax.experimental.compilation_cache import compilation_cache
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  before = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", None)
+  compilation_cache.reset_cache()
+  yield
+  jax.config.update("jax_compilation_cache_dir", before)
+  compilation_cache.reset_cache()
 
 
 @pytest.fixture(autouse=True)

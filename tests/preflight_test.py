@@ -41,6 +41,7 @@ def small_config(**overrides):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("without_suite_compile_cache")
 def test_listops_base_stops_in_one_line_before_any_data(tmp_path):
   """The default `lra run listops` (base, dense, length 2,000, batch 32) on one CPU device."""
   needed = 66_080_354_688  # XLA's temporaries alone (the out-of-memory error's figure)
@@ -177,6 +178,7 @@ def test_batch_spec_of_the_other_families(name, size):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("without_suite_compile_cache")
 def test_the_run_loads_the_preflights_program_and_the_cache_is_restored(tmp_path):
   config = small_config()
   before = jax.config.jax_compilation_cache_dir
@@ -266,6 +268,7 @@ def test_cache_directory_follows_xdg(monkeypatch, tmp_path):
                                                                         "jax"))
 
 
+@pytest.mark.usefixtures("without_suite_compile_cache")
 def test_no_compile_cache_leaves_jax_alone():
   with compiling.compile_cache(False) as path:
     assert path is None and jax.config.jax_compilation_cache_dir is None
