@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from benchmarks.device_common import HERE, Budget, Recorder, read_jsonl
+from benchmarks.device_common import HERE, ROOT, Budget, Recorder, read_jsonl
 from benchmarks.device_speed import (TOKENS, WIDTH, _add_rates, _kind_function, _ms,
                                      _peer_function, _point_key, matmul_peak, measure_point,
                                      overtaking, planned_points, speed_cases)
