@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-core
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
 
-.PHONY: demo test test-fast bench bench-demo venv bench-venv device-wheels device-rehearse \
+.PHONY: demo test test-fast test-exhaustive bench bench-demo venv bench-venv device-wheels device-rehearse \
 	device-rehearse-all
 
 $(STAMP): setup.py
@@ -39,6 +39,11 @@ test: $(STAMP)
 # subprocesses, multi-process runs, fault soaks): the quick check while developing.
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow" tests
+
+# Everything, the exhaustive tier too (`exhaustive`: further shapes, kinds and sizes of paths the
+# default suite already takes; docs/testing.md).
+test-exhaustive: $(STAMP)
+	LRA_TEST_EXHAUSTIVE=1 $(PYTEST) tests
 
 # The first hour scripted: the README's main job and every doc command that states a number, from
 # a fresh clone, each compared with its doc (benchmarks/first_hour.py; ~25 min, QUICK=1: ~1 min).

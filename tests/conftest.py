@@ -69,6 +69,30 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow: end to end (trains models, runs the `lra` command or several processes, "
       "soaks faults); `make test-fast` skips these, CI runs them")
+  config.addinivalue_line(
+      "markers", "exhaustive: more cases of a path another case of the same test already takes "
+      "(further shapes, kinds or sizes); skipped unless `-m` names `exhaustive` or "
+      f"{EXHAUSTIVE_ENV}=1 (`make test-exhaustive`)")
+
+
+# The exhaustive tier: parametrizations that repeat a code path one of their siblings already
+# takes run only when asked for, by `-m` naming the marker (`-m exhaustive` runs only them) or by
+# LRA_TEST_EXHAUSTIVE=1 (everything, `make test-exhaustive`).
+EXHAUSTIVE_ENV = "LRA_TEST_EXHAUSTIVE"
+
+
+def exhaustive_wanted(markexpr: str, env: str | None) -> bool:
+  """Whether the run asked for the exhaustive tier: by its `-m` expression or the variable."""
+  return "exhaustive" in (markexpr or "") or (env or "").strip() not in ("", "0")
+
+
+def pytest_collection_modifyitems(config, items):
+  if exhaustive_wanted(config.getoption("markexpr", ""), os.environ.get(EXHAUSTIVE_ENV)):
+    return
+  skip = pytest.mark.skip(reason=f"exhaustive tier: run with -m exhaustive or {EXHAUSTIVE_ENV}=1")
+  for item in items:
+    if item.get_closest_marker("exhaustive") is not None:
+      item.add_marker(skip)
 
 
 # The suite's time guard: with LRA_SUITE_LIMIT_S set (.ci/run sets it), a run whose wall time
