@@ -173,9 +173,15 @@ class StartUp:
       print(self.abort, file=sys.stderr, flush=True)
       sys.stdout.flush()
       os._exit(130)
-    if not _held:
-      print(self.message(signum), flush=True)
+    # Held before the message is out: the message is what tells a user (or a test) that a
+    # second signal now stops at once, and that signal's handler can run inside this one's
+    # print (Python runs a handler between any two bytecodes of the main thread), where it must
+    # already see the first as held. Recorded after the message, a second signal sent on seeing
+    # it was taken for a first one and a third was needed.
+    first = not _held
     _held.append(signum)
+    if first:
+      print(self.message(signum), flush=True)
 
   def __enter__(self) -> "StartUp":
     if threading.current_thread() is threading.main_thread():

@@ -174,16 +174,7 @@ CASES = {
 }
 
 
-# A known bug: with the suite's 8 host CPU devices (XLA_FLAGS), the second signal sent to a run
-# held after its preflight is not acted on (a third one is); with one device it ends the run at
-# once. Seen on 2026-12-02 in CI, in the suite and in a script with the same environment.
-SECOND_SIGNAL_LOST = pytest.mark.xfail(
-    reason="a second start-up signal is lost with 8 host CPU devices (open: lra/signals.py "
-           "StartUp)", strict=False)
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=SECOND_SIGNAL_LOST) if "twice" in c
-                                  else c for c in sorted(CASES)])
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_a_signal_during_start_up_is_one_line_exit_130_and_writes_nothing(case, tmp_path,
                                                                           data_dir):
   at, signals, line = CASES[case]

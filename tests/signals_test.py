@@ -124,3 +124,38 @@ def test_a_second_ctrl_c_while_an_interrupted_start_up_exits_leaves_status_130()
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert (out.returncode, out.stdout) == (130, "True\nheld\nTrue\n"), (out.returncode,
                                                                      out.stderr)
+
+
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_start_up_signal_during_the_first_ones_message_stops_at_once(monkeypatch,
+                                                                              second):
+  """A second signal whose handler runs while the first one's message is being written (sent
+  on seeing its first line, its handler runs between two bytecodes of that print) stops the
+  process: it is not taken for a first signal."""
+  exits = []
+  monkeypatch.setattr(signals.os, "_exit", lambda status: exits.append(status))
+  monkeypatch.delenv("LRA_DISTRIBUTED", raising=False)
+  start = signals.StartUp(lambda signum: "held; a second signal stops at once", "abort")
+
+  class Writing:   # stdout whose first write delivers the second signal
+    def __init__(self):
+      self.text = ""
+
+    def write(self, text):
+      if not self.text:
+        self.text += text
+        start.handle(second)
+      else:
+        self.text += text
+
+    def flush(self):
+      pass
+
+  out = Writing()
+  monkeypatch.setattr(signals.sys, "stdout", out)
+  try:
+    start.handle(signal.SIGINT)
+    assert exits == [130]
+    assert out.text.count("held") == 1
+  finally:
+    signals._held.clear()
