@@ -225,8 +225,17 @@ def test_bad_arguments_raise_one_line_errors():
       pallas_band.band_attention(q, q, q, **kw)
 
 
+# Seeds in the default tier, together every path the fixed cases above leave out: head dims
+# padded up (8 to 16, 40 to 64), one batch row, the default blocks, blocks of 64 cut to a short
+# class, a window past the length, an all-padding row with globals, globals without padding,
+# causal globals (seeds 0 to 3 and 22). The other seeds draw these paths again at other sizes.
+RANDOM_SEEDS = (0, 1, 2, 3, 22)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", [s if s in RANDOM_SEEDS else
+                                  pytest.param(s, marks=pytest.mark.exhaustive)
+                                  for s in range(24)])
 def test_random_configurations_match_dense_reference(seed):
   rng = np.random.default_rng(seed)
   b, h, d = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.choice([8, 16, 32, 40]))
