@@ -36,10 +36,19 @@ power of two >= 16) is the only copy; padded and masked keys are a per-key valid
 A query with no allowed real key outputs 0, as the xla path and `dot_product_attention` do (a
 block layout can leave a query block with nothing; padding can empty a row); padded queries
 output 0.
+
+The strided pattern is not one list of tiles in token order: there a tile far from the diagonal
+holds a single diagonal of the pairs stride | (i - j), 1 / tile side of its pairs, and such tiles
+grow as L^2. It runs as `attention.sparse_patterns.strided_parts`, two calls of the kernel with
+their log-sum-exps (`kernel.attend_with_lse`) merged exactly: those pairs as block-local
+attention in residue-class order (a reshape, each class padded to whole tiles, so every tile it
+visits is full, or causal on its diagonal), and the band 0 < |i - j| < stride (`NearPattern`) in
+token order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -48,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention import pallas_online, splash_masks, validation
+from attention import pallas_online, sparse_patterns, splash_masks, validation
 from attention import pallas_block_sparse_kernel as kernel
 from attention.block_sparse import check_layout
 from attention.splash_masks import Pattern
@@ -152,15 +161,91 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None
   return out.astype(q.dtype)
 
 
-def _run(q, k, v, key_mask, patterns, interpret, block_q, block_k, num_warps,
-         num_stages) -> jax.Array:
+def _with_lse(q: jax.Array, k: jax.Array, v: jax.Array, key_ok: jax.Array,
+              patterns: tuple[Pattern, ...], block_q: int, block_k: int, num_warps: int,
+              num_stages: int, interpret: bool) -> tuple[jax.Array, jax.Array]:
+  """(out `[B, L, H, Dv]` in q's dtype, lse float32 `[B, L, H]`) of the patterns over the keys
+  with `key_ok [B, L]`: `kernel.attend_with_lse`, one part of a pattern merged by log-sum-exp
+  (`attention.sparse_patterns.strided_parts`). A query with no allowed key: 0 and NEG_INF."""
+  b_, length, h, d = q.shape
+  dv = v.shape[-1]
+  dp, dvp = max(MIN_TILE, _pow2(d)), max(MIN_TILE, _pow2(dv))
+  bq = min(block_q, max(MIN_TILE, _pow2(length)))
+  bk = min(block_k, max(MIN_TILE, _pow2(length)))
+  padded = padded_length(length, bq, bk)
+  lists = tile_lists(patterns, length, bq, bk)
+  ok = jnp.pad(key_ok, ((0, 0), (0, padded - length))).astype(jnp.int32)
+  pad = lambda x, width: jnp.pad(x, ((0, 0), (0, padded - length), (0, 0),
+                                     (0, width - x.shape[-1])))
+  cfg = kernel.Tiles(block_q=bq, block_k=bk, heads=h, list_heads=lists.fwd_ptr.shape[0],
+                     scale=1.0 / math.sqrt(d), interpret=interpret, num_warps=num_warps,
+                     num_stages=num_stages)
+  out, lse = kernel.attend_with_lse(cfg, pad(q, dp), pad(k, dp), pad(v, dvp), ok,
+                                    *(jnp.asarray(x) for x in lists))
+  lse = lse.reshape(b_, h, padded)[:, :, :length].transpose(0, 2, 1)
+  return out[:, :length, :, :dv], lse
+
+
+@dataclasses.dataclass(frozen=True)
+class NearPattern(Pattern):
+  """The strided pattern's local part: 0 < |i - j| < stride (causal: 0 < i - j < stride); the
+  pairs stride | (i - j) are the other part (`_strided`)."""
+  stride: int
+  causal: bool = False
+
+  def allowed(self, i, j):
+    rel = i - j
+    ok = (np.abs(rel) < self.stride) & (rel != 0)
+    return ok & (rel > 0) if self.causal else ok
+
+  def keys(self, q0, k0, bq, bkv):
+    delta = q0.astype(np.int64) - k0.astype(np.int64)    # a tile's pairs depend on it alone
+    lo, hi = delta - (bkv - 1), delta + (bq - 1)         # its smallest and largest i - j
+    empty = (lo >= self.stride) | (hi <= (0 if self.causal else -self.stride))
+    return np.where(empty, splash_masks.EMPTY, delta + (1 << 32))   # keys >= 0
+
+
+@functools.partial(jax.jit, static_argnames=("stride", "causal", "block_q", "block_k",
+                                             "num_warps", "num_stages", "interpret"))
+def _strided(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
+             stride: int, causal: bool, block_q: int, block_k: int, num_warps: int,
+             num_stages: int, interpret: bool) -> jax.Array:
+  """The strided pattern as `sparse_patterns.strided_parts` on the kernel: the pairs
+  stride | (i - j) as block-local attention in residue-class order, each class padded to whole
+  tiles (every tile visited is full, or causal on its diagonal, at any length), and the band
+  0 < |i - j| < stride in token order, its tiles no longer than the band needs."""
+  h = q.shape[2]
+  launch = dict(num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+  fit = lambda n: max(MIN_TILE, _pow2(n))
+  cq, ck = (min(t, fit(-(-q.shape[1] // stride))) for t in (block_q, block_k))
+  nq, nk = min(block_q, fit(stride)), min(block_k, fit(stride))
+
+  def near(q, k, v, key_ok):
+    return _with_lse(q, k, v, key_ok, (NearPattern(stride, causal),) * h, nq, nk, **launch)
+
+  def diagonal(q, k, v, key_ok, block):
+    patterns = (splash_masks.BlockLocalPattern(block, causal),) * h
+    return _with_lse(q, k, v, key_ok, patterns, cq, ck, **launch)
+
+  return sparse_patterns.strided_parts(q, k, v, key_mask, stride=stride, local=near,
+                                       diagonal=diagonal, multiple=max(cq, ck))
+
+
+def _launch(q, interpret, block_q, block_k, num_warps, num_stages) -> dict:
+  """The launch settings (given, or `pallas_online.TILE_TABLE`'s) and interpret mode."""
   block_q, block_k, num_warps, num_stages = pallas_online.launch_settings(
       max(MIN_TILE, _pow2(q.shape[-1])), q.dtype, block_q, block_k, num_warps, num_stages,
       MIN_TILE)
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
-  return _attend(q, k, v, key_mask, patterns=tuple(patterns), block_q=block_q, block_k=block_k,
-                 num_warps=num_warps, num_stages=num_stages, interpret=bool(interpret))
+  return dict(block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
+              interpret=bool(interpret))
+
+
+def _run(q, k, v, key_mask, patterns, interpret, block_q, block_k, num_warps,
+         num_stages) -> jax.Array:
+  return _attend(q, k, v, key_mask, patterns=tuple(patterns),
+                 **_launch(q, interpret, block_q, block_k, num_warps, num_stages))
 
 
 # --- The kinds. ---
@@ -190,6 +275,9 @@ def sparse_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, pattern: str, 
   _, _, h = validation.check_self_qkv(q, k, v, key_mask)
   patterns = splash_masks.sparse_patterns(pattern, stride, summary_width, num_summary_offsets,
                                           block_size, causal, h)
+  if pattern == "strided":
+    return _strided(q, k, v, key_mask, stride=int(stride), causal=bool(causal),
+                    **_launch(q, interpret, block_q, block_k, num_warps, num_stages))
   return _run(q, k, v, key_mask, patterns, interpret, block_q, block_k, num_warps, num_stages)
 
 

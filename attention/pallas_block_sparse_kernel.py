@@ -23,6 +23,11 @@ and loops over the listed query tiles. Softmax statistics and accumulators are f
 the input dtype; matmul operands keep it (bfloat16 stays bfloat16 on the tensor cores). A query
 with no allowed key outputs 0 and gets log-sum-exp NEG_INF, and its probabilities are
 recomputed as 0 in the backward (every score of its row is masked).
+
+`attend` returns the output; `attend_with_lse` also the log-sum-exp, with its cotangent taken
+by the same backward (delta = rowsum(dO * O) - dlse), for a pattern computed in parts over
+disjoint key sets and merged by log-sum-exp (the strided pattern,
+`attention.pallas_block_sparse`).
 """
 
 from __future__ import annotations
@@ -196,13 +201,17 @@ def _attend_fwd(cfg, q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, bwd_ptr, bwd_idx, b
                lse)
 
 
-def _attend_bwd(cfg, res, do):
+def _backward(cfg, res, do, dlse):
+  """dq, dk, dv of the output cotangent `do` and, when given, the log-sum-exp's `dlse [N, Lp]`
+  (d lse / d s = p, so it enters as delta = rowsum(dO * O) - dlse)."""
   q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, bwd_ptr, bwd_idx, bwd_tid, tiles, out, lse = res
   n, length, dp, dvp, specs = _query_side(cfg, q, k, v, fwd_ptr, fwd_idx, tiles)
   bq, bk = cfg.block_q, cfg.block_k
   do = do.astype(q.dtype)
   delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)   # [B, Lp, H]
   delta = delta.transpose(0, 2, 1).reshape(n, length)
+  if dlse is not None:
+    delta = delta - dlse.astype(jnp.float32)
 
   dq = _call(functools.partial(_dq_kernel, cfg=cfg), cfg, (n, length // bq),
              specs + [_seq(cfg, bq, dvp), _tile(bq), _tile(bq)], _seq(cfg, bq, dp),
@@ -220,4 +229,35 @@ def _attend_bwd(cfg, res, do):
   return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
+def _attend_bwd(cfg, res, do):
+  return _backward(cfg, res, do, None)
+
+
 attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def attend_with_lse(cfg: Tiles, q: jax.Array, k: jax.Array, v: jax.Array, ok: jax.Array,
+                    fwd_ptr: jax.Array, fwd_idx: jax.Array, fwd_tid: jax.Array,
+                    bwd_ptr: jax.Array, bwd_idx: jax.Array, bwd_tid: jax.Array,
+                    tiles: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """`attend`, also returning each query's log-sum-exp, differentiable too, so that parts of
+  a pattern over disjoint key sets can be merged exactly (`block_sparse.merge_parts`).
+
+  Returns:
+    (out `[B, Lp, H, Dvp]` in q's dtype, lse float32 `[B * H, Lp]`, row b * H + head; NEG_INF
+    for a query with no allowed key).
+  """
+  return _forward(cfg, q, k, v, ok, fwd_ptr, fwd_idx, fwd_tid, tiles)
+
+
+def _with_lse_fwd(cfg, *args):
+  out, res = _attend_fwd(cfg, *args)
+  return (out, res[-1]), res
+
+
+def _with_lse_bwd(cfg, res, cts):
+  return _backward(cfg, res, *cts)
+
+
+attend_with_lse.defvjp(_with_lse_fwd, _with_lse_bwd)

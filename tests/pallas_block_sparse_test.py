@@ -102,6 +102,8 @@ CASES = [
     ("sparse", 61, 2, 16, True, True, dict(pattern="fixed", stride=12, summary_width=3),
      dict(block_q=32, block_k=16)),
     ("sparse", 37, 2, 8, False, False, dict(pattern="strided", stride=5), {}),
+    # strided in two parts merged by log-sum-exp: causal, padding, classes of 12 in 16-tiles
+    ("sparse", 45, 2, 8, True, True, dict(pattern="strided", stride=4), {}),
     ("block_local", 5, 1, 8, True, True, dict(block_size=4), {}),        # shorter than a tile
     # per-head layouts with an empty query block, causal, padding
     ("block_sparse", 70, 2, 8, True, True, dict(layout=_layout(0, 2, 5), block_size=16),
@@ -260,6 +262,69 @@ def test_a_skipped_tile_is_caught():
   assert wrong[32:48].min() > 1e-3 and wrong[:32].max() < 1e-5 and wrong[48:].max() < 1e-5
 
 
+# --- The strided pattern's two parts (log-sum-exp entry, tiles that stay full). ---
+
+def test_attend_with_lse_gives_the_dense_log_sum_exp_and_its_gradient():
+  # Out and lse of the near part (0 < i - j < 3, so query 0 sees nothing: 0 and NEG_INF), and
+  # the gradients of a loss on both: the lse's cotangent must reach q and k.
+  rng = np.random.default_rng(8)
+  length, h, d = 40, 2, 16
+  q, k, v, ct = _inputs(rng, 1, length, h, d)
+  ct_lse = jnp.asarray(rng.normal(size=(1, length, h)), jnp.float32)
+  pattern = pallas_block_sparse.NearPattern(3, causal=True)
+  rel = np.arange(length)[:, None] - np.arange(length)[None, :]
+  allowed = np.asarray(pattern.allowed(rel, 0)) & np.ones((length, length), bool)
+  cfg = dict(block_q=16, block_k=16, num_warps=4, num_stages=2, interpret=True)
+  ok = jnp.ones((1, length), bool)
+
+  def fast(q, k, v):
+    out, lse = pallas_block_sparse._with_lse(q, k, v, ok, (pattern,) * h, **cfg)
+    return jnp.sum(out * ct) + jnp.sum(jnp.where(lse > -1e29, lse, 0.0) * ct_lse), (out, lse)
+
+  def dense(q, k, v):
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d)
+    s = jnp.where(allowed, s, -1e30)
+    lse = jax.nn.logsumexp(s, axis=-1).transpose(0, 2, 1)
+    p = jnp.where(allowed, jnp.exp(s - lse.transpose(0, 2, 1)[..., None]), 0.0)
+    out = jnp.einsum("bhqk,bkhd->bqhd", p, v)
+    lse = jnp.where(allowed.any(-1)[None, :, None], lse, -1e30)
+    return jnp.sum(out * ct) + jnp.sum(jnp.where(lse > -1e29, lse, 0.0) * ct_lse), (out, lse)
+
+  with jax.default_matmul_precision("highest"):
+    got = jax.jit(jax.grad(fast, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+    want = jax.jit(jax.grad(dense, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+  chex.assert_trees_all_close(got, want, atol=1e-5, rtol=1e-5)
+  assert np.all(np.asarray(got[1][1])[0, 0] == -1e30) and np.all(np.asarray(got[1][0])[0, 0] == 0)
+
+
+def _full_share(calls):
+  """Per recorded `tile_lists` call: allowed pairs / pairs of the tiles the kernel visits."""
+  shares = []
+  for patterns, length, bq, bk in calls:
+    lists = pallas_block_sparse.tile_lists(patterns, length, bq, bk)
+    tid = lists.fwd_tid[0, :lists.fwd_ptr[0, -1]]
+    shares.append(lists.tiles[tid].astype(bool).sum() / (tid.size * bq * bk))
+  return shares
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_strided_tiles_stay_full_at_long_lengths(monkeypatch, causal):
+  # In token order a tile far from the diagonal holds one diagonal of stride | (i - j): at 16K
+  # with stride 128 and 64-tiles, 1/64 of its pairs. The parts keep every visited tile at
+  # least half full (the causal diagonal tiles, the band's edges).
+  calls = []
+  real = pallas_block_sparse.tile_lists
+  monkeypatch.setattr(pallas_block_sparse, "tile_lists",
+                      lambda *a: calls.append(a) or real(*a))
+  q = jax.ShapeDtypeStruct((1, 16384, 1, 64), jnp.bfloat16)
+  jax.eval_shape(lambda q: pallas_block_sparse.sparse_attention(
+      q, q, q, pattern="strided", stride=128, causal=causal, interpret=True), q)
+  assert [c[2:] for c in calls] == [(64, 64), (64, 64)]
+  assert min(_full_share(calls)) >= 0.5
+  token_order = (splash_masks.StridedPattern(128, causal),), 16384, 64, 64
+  assert _full_share([token_order])[0] < 0.1
+
+
 # --- Arguments and the GPU lowering. ---
 
 def test_bad_arguments_raise_one_line_errors():
@@ -286,15 +351,15 @@ def test_bad_arguments_raise_one_line_errors():
       fn(q, q, q, **kw)
 
 
-@pytest.mark.parametrize("dtype,head_dim,name", [(jnp.bfloat16, 64, "bigbird"),
-                                                  (jnp.float32, 40, "sparse")])
-def test_kernels_lower_to_triton_for_a_gpu(dtype, head_dim, name):
+@pytest.mark.parametrize("dtype,head_dim,name,args", [
+    (jnp.bfloat16, 64, "bigbird", dict(block_size=48, num_random_blocks=2, seed=1)),
+    (jnp.float32, 40, "sparse", dict(pattern="fixed", stride=40, summary_width=6, causal=True)),
+    (jnp.bfloat16, 64, "sparse", dict(pattern="strided", stride=24, causal=True))])
+def test_kernels_lower_to_triton_for_a_gpu(dtype, head_dim, name, args):
   # No GPU here, but the Triton lowering runs on any machine: every op of the three kernels must
   # have a Triton lowering rule and every block shape must be one Triton takes.
   rng = np.random.default_rng(6)
   q, k, v, ct = _inputs(rng, 2, 300, 3, head_dim, dtype)
-  args = (dict(block_size=48, num_random_blocks=2, seed=1) if name == "bigbird"
-          else dict(pattern="fixed", stride=40, summary_width=6, causal=True))
 
   def loss(q, k, v, key_mask):
     out = getattr(pallas_block_sparse, f"{name}_attention")(q, k, v, key_mask=key_mask,
