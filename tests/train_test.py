@@ -5,6 +5,7 @@ counts the parameters, and a plan passed to the run (or a phase) is the one it u
 
 import json
 import os
+import shutil
 import signal
 
 import jax
@@ -47,11 +48,28 @@ def train_losses(workdir):
   return [(r["step"], r["loss"]) for r in metrics.read_metrics(workdir) if r["split"] == "train"]
 
 
+@pytest.fixture(scope="module")
+def finished_run(data_dir, tmp_path_factory):
+  """One finished run of `tiny_config(data_dir)` (dot_product, two steps): its workdir and
+  results. Tests that go on from a finished run train in a copy of its workdir."""
+  workdir = str(tmp_path_factory.mktemp("finished") / "run")
+  return workdir, train.train_and_evaluate(tiny_config(data_dir), workdir)
+
+
+def copy_of(finished_run, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run[0], workdir)
+  return workdir
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(attention.REGISTRY))
-def test_two_steps_with_every_attention_kind(kind, data_dir, tmp_path):
-  workdir = str(tmp_path / kind)
-  results = train.train_and_evaluate(tiny_config(data_dir, kind), workdir)
+def test_two_steps_with_every_attention_kind(kind, data_dir, tmp_path, request):
+  if kind == "dot_product":   # the same config as the shared run's
+    workdir, results = request.getfixturevalue("finished_run")
+  else:
+    workdir = str(tmp_path / kind)
+    results = train.train_and_evaluate(tiny_config(data_dir, kind), workdir)
   assert results["train_step_traces"] == 1
   assert results["test_examples"] == 16
   assert 0.0 <= results["test_accuracy"] <= 1.0 and np.isfinite(results["test_loss"])
@@ -105,32 +123,34 @@ def test_data_by_tensor_mesh_matches_one_device(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_rerun_of_a_finished_run_does_not_train_again(data_dir, tmp_path):
+def test_rerun_of_a_finished_run_does_not_train_again(data_dir, finished_run, tmp_path):
   config = tiny_config(data_dir)
-  first = train.train_and_evaluate(config, str(tmp_path))
-  stored = (tmp_path / "results.json").read_bytes()
+  first = finished_run[1]
+  workdir = copy_of(finished_run, tmp_path)
+  stored = (workdir / "results.json").read_bytes()
   steps = []
-  again = train.train_and_evaluate(config, str(tmp_path), hooks=[steps.append])
+  again = train.train_and_evaluate(config, str(workdir), hooks=[steps.append])
   assert steps == []   # no training step ran
-  assert [step for step, _ in train_losses(str(tmp_path))] == [1, 2]
-  assert (tmp_path / "results.json").read_bytes() == stored
+  assert [step for step, _ in train_losses(str(workdir))] == [1, 2]
+  assert (workdir / "results.json").read_bytes() == stored
   assert not again["interrupted"]
   assert {k: v for k, v in again.items() if k not in ("state", "interrupted")} == \
       {k: v for k, v in first.items() if k not in ("state", "interrupted")}
 
 
 @pytest.mark.slow
-def test_a_refused_rerun_with_fewer_steps_leaves_config_json_as_it_was(data_dir, tmp_path):
+def test_a_refused_rerun_with_fewer_steps_leaves_config_json_as_it_was(data_dir, finished_run,
+                                                                       tmp_path):
   """The trainer's own F0 refusal (checkpoints past num_train_steps) comes before config.json
   is written: the finished run's config stays, and no config.previous.json appears."""
-  config = tiny_config(data_dir, num_train_steps=2)
-  train.train_and_evaluate(config, str(tmp_path))
-  saved = (tmp_path / "config.json").read_bytes()
+  assert tiny_config(data_dir).num_train_steps == 2    # the finished run's
+  workdir = copy_of(finished_run, tmp_path)
+  saved = (workdir / "config.json").read_bytes()
   fewer = tiny_config(data_dir, num_train_steps=1)
   with pytest.raises(ValueError, match="past num_train_steps 1"):
-    train.train_and_evaluate(fewer, str(tmp_path))
-  assert (tmp_path / "config.json").read_bytes() == saved
-  assert not (tmp_path / "config.previous.json").exists()
+    train.train_and_evaluate(fewer, str(workdir))
+  assert (workdir / "config.json").read_bytes() == saved
+  assert not (workdir / "config.previous.json").exists()
 
 
 @pytest.mark.slow
