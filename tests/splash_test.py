@@ -244,10 +244,16 @@ def _out_and_grads(fn, q, k, v, ct):
   return dict(zip(("out", "dq", "dk", "dv"), (out, *vjp(ct))))
 
 
+def _reference(q, k, v, ct, *, mask=None, causal=False, key_mask=None):
+  """The dense reference's output and gradients: one jitted program, not op-by-op dispatch."""
+  dense = lambda q, k, v: attention.dot_product_attention(q, k, v, mask=mask, causal=causal,
+                                                          key_mask=key_mask)
+  return jax.jit(lambda q, k, v, ct: _out_and_grads(dense, q, k, v, ct))(q, k, v, ct)
+
+
 def _check(fast, mask, q, k, v, ct, key_mask, *, causal=False, atol=1e-5):
   got = jax.jit(lambda q, k, v, ct: _out_and_grads(fast, q, k, v, ct))(q, k, v, ct)
-  ref = _out_and_grads(lambda q, k, v: attention.dot_product_attention(
-      q, k, v, mask=mask, causal=causal, key_mask=key_mask), q, k, v, ct)
+  ref = _reference(q, k, v, ct, mask=mask, causal=causal, key_mask=key_mask)
   chex.assert_shape(got["out"], q.shape[:3] + v.shape[3:])
   assert got["out"].dtype == q.dtype
   chex.assert_trees_all_close(got, ref, atol=atol, rtol=atol)
@@ -263,12 +269,16 @@ BAND_CASES = [  # (length, heads, window, dilation, causal, globals, padding)
     (130, 3, 5, (1, 2, 3), False, True, True),          # per-head dilation, globals, padding
     (37, 2, 4, 2, True, False, True),                   # causal, dilated, < one tile
 ]
+# The band's kernel paths beyond BAND_CASES: no key mask (with the public causal LocalMask, a
+# window across tiles). The exhaustive ones repeat paths of these and BAND_CASES (globals,
+# padding, per-head dilation, causal, under a tile); their tile masks are checked pair by pair
+# above at every shape.
 SLOW_BAND_CASES = [
-    (5, 1, 3, 1, False, True, True),
-    (300, 4, 20, (1, 2, 4, 8), False, True, False),
-    (300, 5, 9, (3, 1, 1, 2, 5), True, False, True),
-    (130, 2, 0, 1, False, True, True),
     (257, 2, 200, 1, True, False, False),
+    pytest.param((5, 1, 3, 1, False, True, True), marks=pytest.mark.exhaustive),
+    pytest.param((300, 4, 20, (1, 2, 4, 8), False, True, False), marks=pytest.mark.exhaustive),
+    pytest.param((300, 5, 9, (3, 1, 1, 2, 5), True, False, True), marks=pytest.mark.exhaustive),
+    pytest.param((130, 2, 0, 1, False, True, True), marks=pytest.mark.exhaustive),
 ]
 
 
@@ -347,15 +357,22 @@ BLOCK_CASES = [  # (name, length, heads, causal, padding, args)
     ("block_sparse", 130, 3, True, True, dict(layout=_layout(0, 3, 5), block_size=32)),
     ("dot_product", 37, 2, True, True, {}),
 ]
-SLOW_BLOCK_CASES = [
+# Beyond BLOCK_CASES: block_sparse with one layout for every head, not causal (the other branch
+# of the queries it keeps). The exhaustive ones take paths of these, BLOCK_CASES and the
+# cross-attention cases (non-causal dense: splash's FullMask) again at other shapes.
+_EXHAUSTIVE_BLOCK_CASES = [
     ("bigbird", 300, 2, False, False, dict(block_size=37, num_global_blocks=3,
                                            num_random_blocks=3, seed=0)),
     ("sparse", 300, 3, False, True, dict(pattern="fixed", stride=48, summary_width=8)),
     ("sparse", 300, 2, True, True, dict(pattern="strided", stride=19)),
     ("block_local", 130, 3, False, True, dict(block_size=37)),
     ("block_sparse", 300, 2, False, True, dict(layout=_layout(1, 2, 10), block_size=30)),
-    ("block_sparse", 130, 2, False, False, dict(layout=_layout(2, 2, 5)[0], block_size=32)),
     ("dot_product", 130, 3, False, True, {}),
+]
+SLOW_BLOCK_CASES = [
+    ("block_sparse", 130, 2, False, False, dict(layout=_layout(2, 2, 5)[0], block_size=32)),
+    *(pytest.param(c, marks=pytest.mark.exhaustive, id=f"{c[0]}-{c[1]}")
+      for c in _EXHAUSTIVE_BLOCK_CASES),
 ]
 
 
@@ -382,8 +399,7 @@ def test_dot_product_cross_attention(causal):
   fast = lambda q, k, v: splash.dot_product_attention(q, k, v, causal=causal,
                                                       key_mask=key_mask)
   got = jax.jit(lambda q, k, v, ct: _out_and_grads(fast, q, k, v, ct))(q, k, v, ct)
-  ref = _out_and_grads(lambda q, k, v: attention.dot_product_attention(
-      q, k, v, causal=causal, key_mask=key_mask), q, k, v, ct)
+  ref = _reference(q, k, v, ct, causal=causal, key_mask=key_mask)
   chex.assert_trees_all_close(got, ref, atol=1e-5, rtol=1e-5)
   assert np.all(np.asarray(got["out"])[1] == 0)         # no real key in the second row
 
