@@ -78,7 +78,7 @@ def test_segments_with_memory_equal_the_restricted_concatenation(kind, seg, m_le
 def test_no_gradient_flows_into_the_memory():
   model = models.LanguageModel(_cfg(memory_length=4), rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(2), (2, 6), 1, V)
-  _, state, _ = model(tokens, memory=model.init_memory(2))
+  _, state, _ = jax.jit(lambda t, m: model(t, memory=m))(tokens, model.init_memory(2))
 
   def loss(mem):
     logits, new, _ = model(tokens, memory=dict(state, memory=mem))
@@ -98,13 +98,14 @@ def test_compression_takes_the_oldest_states_by_rate(kind):
   tokens = jax.random.randint(jax.random.key(3), (2, 3 * seg), 1, V)
   state = model.init_memory(2)
   states = [state]
+  run = jax.jit(lambda t, m: model(t, memory=m))
   for s in range(3):
-    _, state, _ = model(tokens[:, s * seg:(s + 1) * seg], memory=state)
+    _, state, _ = run(tokens[:, s * seg:(s + 1) * seg], state)
     states.append(state)
   # After segment 3 the memory holds segment 3's inputs; segment 2's (which left) compressed
   # into seg / rate slots at the end of the compressed memory, segment 1's before them.
   s2, s3 = states[2], states[3]
-  expect = model.compress[0](s2["memory"][0])                             # [B, 2, E]
+  expect = jax.jit(model.compress[0])(s2["memory"][0])                    # [B, 2, E]
   np.testing.assert_allclose(s3["compressed"][0][:, -seg // rate:], expect, atol=1e-6)
   assert s3["compressed"].shape == (2, 2, n_cm, 12)
   assert np.asarray(s3["cvalid"]).all() and not np.asarray(states[1]["cvalid"]).any()
@@ -118,7 +119,7 @@ def _recon_setup():
   model = models.LanguageModel(_cfg(memory_length=4, compressed_length=4, compression="conv",
                                     compression_rate=2), rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(4), (2, 8), 1, V)
-  _, state, _ = model(tokens, memory=model.init_memory(2))
+  _, state, _ = jax.jit(lambda t, m: model(t, memory=m))(tokens, model.init_memory(2))
   return model, state
 
 
@@ -139,7 +140,7 @@ def test_reconstruction_loss_falls_training_the_compression():
   model, state = _recon_setup()
   tokens = jax.random.randint(jax.random.key(5), (2, 8), 1, V)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  loss = lambda p: nnx.merge(graphdef, p, rest)(tokens, memory=state)[2]
+  loss = jax.jit(lambda p: nnx.merge(graphdef, p, rest)(tokens, memory=state)[2])
   step = jax.jit(lambda p: jax.tree.map(lambda x, g: x - 0.5 * g, p, jax.grad(loss)(p)))
   first = float(loss(params))
   for _ in range(30):
