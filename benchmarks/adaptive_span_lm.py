@@ -38,6 +38,8 @@ elif ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from lra.rundir import RunDir  # noqa: E402
+
 
 def overrides(args, variant: str) -> list[tuple[str, str]]:
   """The `--config.x=y` overrides of one run (both runs share all but the span's)."""
@@ -142,7 +144,7 @@ def main(argv=None) -> int:
     cmd = command(args, variant)
     print("$ lra " + " ".join(cmd[1:]), flush=True)
     t0 = time.perf_counter()
-    done = os.path.join(args.out, variant, "results.json")
+    done = RunDir(os.path.join(args.out, variant)).results
     if not (args.reuse and os.path.exists(done)):
       subprocess.run(cmd, check=True, cwd=ROOT)
     with open(done) as f:
@@ -154,7 +156,7 @@ def main(argv=None) -> int:
         "window_sets": res.get("span_window_sets"),
         "results": {k: v for k, v in res.items() if isinstance(v, (int, float, str))}}
 
-  steps, rows = span_table(read_jsonl(os.path.join(args.out, "adaptive", "metrics.jsonl")))
+  steps, rows = span_table(read_jsonl(RunDir(os.path.join(args.out, "adaptive")).metrics))
   out["spans"] = {"steps": steps, "per_layer": rows}
   print(f"\nAdaptive spans per layer (mean / max tokens, window), S = {args.length}, R = 32:")
   print("| step | " + " | ".join(f"layer {i}" for i in range(len(rows[0]))) + " |")

@@ -16,6 +16,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from benchmarks.device_common import ROOT, Budget, Recorder
+from lra.rundir import RunDir
 
 TEST_FILES = ("band_test.py", "block_sparse_test.py", "flash_test.py", "sparse_patterns_test.py",
               "favor_test.py", "linear_test.py", "linformer_test.py", "lsh_test.py",
@@ -206,7 +207,7 @@ def part_lra(rec: Recorder, budget: Budget, toy: bool, scratch: str,
           proc.kill()
           proc.wait()
     train_seconds = time.monotonic() - t0
-    results = _read_json(os.path.join(workdir, "results.json"))
+    results = _read_json(RunDir(workdir).results)
     reached = None
     if stopped or results is None:
       reached = _last_step(workdir)
@@ -219,7 +220,7 @@ def part_lra(rec: Recorder, budget: Budget, toy: bool, scratch: str,
                            timeout=max(5.0, budget.left() - 2))
           except subprocess.TimeoutExpired:
             pass
-        results = _read_json(os.path.join(workdir, "results.json"))
+        results = _read_json(RunDir(workdir).results)
     rates = _train_rates(workdir)
     row = dict(attention=attention, steps_asked=steps, stopped_early=stopped,
                steps_reached=(results or {}).get("steps") or reached,
@@ -247,7 +248,7 @@ def _train_rates(workdir: str) -> list[float]:
   """The trainer's logged steps per second (metrics.jsonl, train rows)."""
   rates = []
   try:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    with open(RunDir(workdir).metrics) as f:
       for line in f:
         r = json.loads(line)
         if r.get("split") == "train" and r.get("steps_per_second"):

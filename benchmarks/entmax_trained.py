@@ -80,10 +80,11 @@ def report(workdir: str, examples: int) -> list[dict]:
   from lra import tasks as tasks_lib
   from lra import train as lra_train
   from lra.data import pipeline
-  with open(os.path.join(workdir, "config.json")) as f:
+  from lra.rundir import RunDir
+  with open(RunDir(workdir).config) as f:
     config = ml_collections.ConfigDict(json.load(f))
   trainer = lra_train.Trainer(config)
-  params, _ = checkpoint.load_params(os.path.join(workdir, "best"),
+  params, _ = checkpoint.load_params(RunDir(workdir).best,
                                      checkpoint.abstract_like(trainer.params))
   model = nnx.merge(trainer.graphdef, params, trainer.rest)
   task = tasks_lib.get_task(config.task)

@@ -154,13 +154,14 @@ def train(task: str, trained_with: str, workdir: str, steps: int | None):
   from lra import phases
   from lra import tasks as tasks_lib
   from lra import train as lra_train
+  from lra.rundir import RunDir
   config = config_for(task, trained_with, steps)
   tasks_lib.get_task(config.task).prepare(config.data)
   run_dir = os.path.join(workdir, f"{task}-{trained_with}")
   if config.get("phases"):
     results = phases.run_phases(config, run_dir)
     final = phases.phase_config(config, len(config.phases) - 1)
-    params_dir = os.path.join(run_dir, f"phase{len(config.phases)}")
+    params_dir = RunDir(run_dir).phase(len(config.phases)).path
   else:
     results = phases.finished_results(run_dir)
     if results is not None:
@@ -170,7 +171,7 @@ def train(task: str, trained_with: str, workdir: str, steps: int | None):
     final = config
   if results.get("interrupted"):
     raise KeyboardInterrupt
-  return final, os.path.join(params_dir if config.get("phases") else run_dir, "best"), results
+  return final, RunDir(params_dir if config.get("phases") else run_dir).best, results
 
 
 def record(config, params_dir: str, trained_with: str, examples: int) -> list[dict]:

@@ -33,6 +33,8 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == HERE:
 
 from benchmarks.lra_speed_plot import COLORS  # noqa: E402
 from benchmarks.pillow_canvas import Axes, Canvas, dashes, load_font  # noqa: E402
+from lra import rundir  # noqa: E402
+from lra.rundir import RunDir  # noqa: E402
 
 
 def label(config: dict) -> str:
@@ -60,12 +62,12 @@ def read_runs(root: str, task: str = "needle"
   model width (mqar)."""
   lines: dict[str, dict[int, list[float]]] = {}
   data: dict = {}
-  runs = sorted(base for base, _, files in os.walk(root) if "results.json" in files)
+  runs = sorted(base for base, _, files in os.walk(root) if rundir.RESULTS in files)
   for run in runs:
     try:
-      with open(os.path.join(run, "results.json")) as f:
+      with open(RunDir(run).results) as f:
         result = json.load(f)
-      with open(os.path.join(run, "config.json")) as f:
+      with open(RunDir(run).config) as f:
         config = json.load(f)
     except (OSError, ValueError):
       continue                                # not finished, or not a run of its own

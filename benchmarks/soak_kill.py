@@ -29,6 +29,10 @@ import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from lra.rundir import RunDir  # noqa: E402
 
 # argv: fault, step, then the `lra` command line. Faults: none, kill_in_save (SIGKILL while the
 # save of `step` is unfinished), disk_full (that save fails with ENOSPC), sigkill / sigterm /
@@ -79,13 +83,13 @@ def start(args: list[str], fault: str = "none", at: int = 0, env: dict | None = 
 
 
 def final_checksums(workdir: str, steps: int) -> dict:
-  with open(os.path.join(workdir, "checkpoints", str(steps), "data", "metadata")) as f:
+  with open(os.path.join(RunDir(workdir).checkpoints, str(steps), "data", "metadata")) as f:
     return json.load(f)["checksums"]
 
 
 def records(workdir: str) -> list[tuple]:
   out = []
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+  with open(RunDir(workdir).metrics) as f:
     for line in f:
       r = json.loads(line)
       out.append(tuple(sorted((k, v) for k, v in r.items()
@@ -94,7 +98,7 @@ def records(workdir: str) -> list[tuple]:
 
 
 def results(workdir: str) -> dict:
-  with open(os.path.join(workdir, "results.json")) as f:
+  with open(RunDir(workdir).results) as f:
     r = json.load(f)
   for key in ("wall_seconds_this_run", "train_step_traces"):
     r.pop(key)
@@ -130,7 +134,7 @@ def main(argv=None) -> int:
   rows, kills = [], 0
   saves = list(range(a.checkpoint_every, a.steps, a.checkpoint_every))
   while True:
-    folder = os.path.join(soak_dir, "checkpoints")
+    folder = RunDir(soak_dir).checkpoints
     done = [int(d) for d in os.listdir(folder) if d.isdigit()] if os.path.isdir(folder) else []
     position = max(done, default=0)               # where the next attempt will resume
     ahead = [step for step in saves if step > position][:3]

@@ -42,7 +42,8 @@ from typing import Any, Iterable, Sequence
 import configs
 from launch import run_state
 from launch.values import config_arg_fields, flatten, value_text
-from lra import phases, storage
+from lra import phases, rundir, storage
+from lra.rundir import RunDir
 
 # (name, test field, best-validation field, validation-record field, higher is better): a run's
 # metric is the first whose test field its results.json has.
@@ -59,17 +60,14 @@ COLUMNS = ("run", "task", "attention", "size", "overrides", "seed", "steps", "to
            "reason")
 FORMATS = ("markdown", "csv", "json")
 _HIGHER = {m[0]: m[4] for m in METRICS}
-_NOT_RUNS = {"checkpoints", "best", "tensorboard",
-             "leftovers"}   # lra.leftovers.LEFTOVERS: what a resume moved aside
-_STEP_DIR = re.compile(r"\d+")
 
 
 def find_runs(root: str) -> list[str]:
   """The run folders under `root` (itself included), sorted by path."""
   runs = []
   for base, dirs, files in storage.walk(root):
-    dirs[:] = sorted(d for d in dirs if d not in _NOT_RUNS)
-    marks = {"config.json", "results.json", run_state.RECORD} & set(files)
+    dirs[:] = sorted(d for d in dirs if d not in rundir.PARTS)
+    marks = (rundir.MARKS | {run_state.RECORD}) & set(files)
     if marks or run_state.phase_dirs(base):
       runs.append(base)
       dirs[:] = []      # a run holds no other runs (its phases belong to it)
@@ -110,13 +108,6 @@ def overrides_of(config: dict[str, Any], phase: int = 0, staged: bool = False) -
     elif key not in base or mine[key] != base[key]:
       out.append(f"{key}={value_text(mine[key])}")
   return out
-
-
-def _finished_steps(directory: str) -> list[int]:
-  try:
-    return sorted(int(n) for n in storage.listdir(directory) if _STEP_DIR.fullmatch(n))
-  except (OSError, ValueError):
-    return []
 
 
 def _metric_of(results: dict[str, Any] | None):
@@ -161,7 +152,7 @@ def _best_so_far(part: str, metric) -> tuple[float | None, int | None]:
   """The best validation value and step in a run's metrics.jsonl (for unfinished runs); lines
   that are not records (damaged, cut short, not UTF-8) are passed over."""
   best, step = None, None
-  for line in (_text_of(storage.join(part, "metrics.jsonl")) or "").splitlines():
+  for line in (_text_of(RunDir(part).metrics) or "").splitlines():
     try:
       r = json.loads(line)
     except ValueError:
@@ -210,8 +201,8 @@ def _read_run(root: str, run_dir: str) -> dict[str, Any]:
   record = run_state.read_record(run_dir)
   phase_names = run_state.phase_dirs(run_dir)
   staged = bool(phase_names) or bool(record.get("staged_phases"))
-  any_config = run_state.read_dict(os.path.join(
-      run_dir, phase_names[0] if phase_names else "", "config.json")) or {}
+  any_config = RunDir(rundir.join(run_dir, phase_names[0]) if phase_names else run_dir
+                      ).read_config() or {}
   task = _text(any_config.get("task")) or _text(record.get("task"))
   config_arg = _text(any_config.get("config_arg")) or _text(record.get("config_arg"))
   try:   # the config the sweep asked for (else the default one), for what has not run yet
@@ -222,10 +213,10 @@ def _read_run(root: str, run_dir: str) -> dict[str, Any]:
   schedule = (planned.get("phases") or ()) if planned is not None else ()
   staged = staged or bool(schedule)
   count = max(len(schedule), len(phase_names), 1) if staged else 1
-  parts = [os.path.join(run_dir, f"phase{k}") for k in range(1, count + 1)] if staged else \
+  parts = [RunDir(run_dir).phase(k).path for k in range(1, count + 1)] if staged else \
       [run_dir]
-  results = [run_state.read_dict(os.path.join(p, "results.json")) for p in parts]
-  cfgs = [run_state.read_dict(os.path.join(p, "config.json")) for p in parts]
+  results = [RunDir(p).read_results() for p in parts]
+  cfgs = [RunDir(p).read_config() for p in parts]
   current = max([i for i, c in enumerate(cfgs) if c] + [i for i, r in enumerate(results) if r]
                 + [0])
   config = cfgs[current] or {}
@@ -241,7 +232,7 @@ def _read_run(root: str, run_dir: str) -> dict[str, Any]:
   overrides = overrides_of(config, current, staged) if config else []
   done_steps = sum(_integer(r.get("steps")) or 0 for r in results if r)
   if results[current] is None:
-    done_steps += (_finished_steps(os.path.join(parts[current], "checkpoints")) or [0])[-1]
+    done_steps += (RunDir(parts[current]).steps() or [0])[-1]
   totals = [int(p["steps"]) for p in schedule] if staged else \
       [_integer(config.get("num_train_steps")) or 0]
   model = config.get("model") if isinstance(config.get("model"), dict) else {}
@@ -270,7 +261,7 @@ def _read_run(root: str, run_dir: str) -> dict[str, Any]:
   attempts = [a for a in record.get("attempts") or [] if isinstance(a, dict)] \
       if isinstance(record.get("attempts"), list) else []
   exit_code = _integer(attempts[-1].get("exit_code")) if attempts else None
-  damaged = _damaged([os.path.join(p, "results.json") for p in parts])
+  damaged = _damaged([RunDir(p).results for p in parts])
   if final is not None:
     row.update(status="finished", test=_number(final.get(metric[1])), total_steps=done_steps,
                wall_seconds=round(sum(_number(r.get("wall_seconds_this_run")) or 0.0
@@ -286,7 +277,7 @@ def _read_run(root: str, run_dir: str) -> dict[str, Any]:
   elif damaged:   # as `lra sweep` sees it: not finished, so its rerun writes it again
     row.update(status="interrupted", reason=damaged)
   else:
-    logs = [storage.join(p, "error.log") for p in (run_dir, *parts)]
+    logs = [RunDir(p).error_log for p in (run_dir, *parts)]
     failed = [p for p in logs if storage.exists(p)]
     row["status"] = "failed" if failed else "interrupted"
     if failed:

@@ -24,40 +24,29 @@ from typing import Any
 
 from launch.values import flatten, value_text
 from lra import lock, storage
+from lra import rundir
+from lra.rundir import RunDir
 
 # Fields that change how a run reports, not what it trains: a finished run may be shown with
 # other values of them.
 NOT_RUN_FIELDS = ("progress",)
 RECORD = "sweep.json"   # per run: the command and its attempts
 LOG = "log.txt"         # per run: the output of every attempt, appended
-_PHASE = re.compile(r"phase(\d+)")
 
 
 def phase_dirs(path: str) -> list[str]:
   """The phase folders of a staged run (`phase1`, `phase2`, ...), in order."""
-  try:
-    names = [n for n in storage.listdir(path) if _PHASE.fullmatch(n)]
-  except (OSError, ValueError):   # ValueError: a bucket that cannot be used
-    return []
-  return sorted(names, key=lambda n: int(n[5:]))
+  return RunDir(path).phase_names()
 
 
-def read_dict(path: str) -> dict[str, Any] | None:
-  """The JSON object in file `path`; None when it is missing or is not one (not UTF-8, not
-  JSON, or JSON of another shape): never raises, so that any file can be listed."""
-  try:
-    value = storage.read_json(path)
-  except (OSError, ValueError):
-    return None
-  return value if isinstance(value, dict) else None
+read_dict = rundir.read_dict
 
 
 def finished(run_dir: str, staged_phases: int = 0) -> bool:
   """Whether the run has its results: a `results.json` holding a JSON object, or the last
   phase's for a staged one (`staged_phases`: the number of phases of a staged config, 0 for
   none). A damaged one does not count: rerunning the run writes it again."""
-  parts = [f"phase{staged_phases}"] if staged_phases else []
-  return read_dict(storage.join(run_dir, *parts, "results.json")) is not None
+  return RunDir(run_dir).finished(staged_phases)
 
 
 def read_record(run_dir: str) -> dict[str, Any]:
@@ -109,10 +98,10 @@ def finished_results(run_dir: str) -> dict[str, Any] | None:
   to a record of the steps that `config.json` asks for; None otherwise (not started, running,
   or continuing to a higher step count, whose results.json is the shorter run's; a damaged
   results.json, which the rerun writes again)."""
-  results = read_dict(storage.join(run_dir, "results.json"))
+  results = RunDir(run_dir).read_results()
   if results is None or not isinstance(results.get("steps"), int):
     return None
-  saved = read_dict(storage.join(run_dir, "config.json"))
+  saved = RunDir(run_dir).read_config()
   if saved is not None and saved.get("num_train_steps") != results["steps"]:
     return None
   return results
@@ -145,7 +134,7 @@ def rerun_of_finished(config_json: str, run_dir: str) -> tuple[str, dict[str, An
   if results is None:
     return "new", None
   config = json.loads(config_json)
-  saved = storage.read_json(storage.join(run_dir, "config.json"))
+  saved = storage.read_json(RunDir(run_dir).config)
   if not isinstance(saved, dict):   # a run of an earlier version without its config: steps
     saved = {**config, "num_train_steps": results["steps"]}
   changed = config_differences(saved, config)
@@ -156,7 +145,7 @@ def rerun_of_finished(config_json: str, run_dir: str) -> tuple[str, dict[str, An
   new_steps = config.get("num_train_steps")
   if not others and isinstance(new_steps, int) and new_steps > results["steps"]:
     return "more", results
-  where = storage.join(run_dir, "results.json")
+  where = RunDir(run_dir).results
   if others:
     fields = "; ".join(steps + others)
     raise ValueError(f"{run_dir} holds a finished run ({where}) whose config differs: "

@@ -45,6 +45,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from lra import leftovers, storage
+from lra.rundir import RunDir
 
 TMP_MARKER = leftovers.TMP_MARKER   # of a step being written to a local disk
 CHECKSUMS = "checksums"                # key of the state's checksums in the `data` item
@@ -404,8 +405,8 @@ def load_params(directory: str, abstract_params: Any) -> tuple[Any, int]:
   directory when there is nothing to restore.
   """
   directory = storage.resolve(directory)
-  if storage.isdir(storage.join(directory, "checkpoints")):
-    directory = storage.join(directory, "checkpoints")
+  if storage.isdir(RunDir(directory).checkpoints):
+    directory = RunDir(directory).checkpoints
   manager, step = None, None
   if storage.isdir(directory):
     manager = ocp.CheckpointManager(directory, item_names=("state", "data"))

@@ -19,10 +19,11 @@ import time
 import jax
 import orbax.checkpoint as ocp
 
-from lra import storage
+from lra import rundir, storage
+from lra.rundir import RunDir
 
 TMP_MARKER = ocp.path.step.TMP_DIR_SUFFIX   # of a step being written to a local disk
-LEFTOVERS = "leftovers"   # beside a run's checkpoint folders: what was no checkpoint, moved aside
+LEFTOVERS = rundir.LEFTOVERS   # beside a run's checkpoint folders: what was no checkpoint, moved aside
 # What orbax writes in a step folder (any one of them makes it orbax's: finished, unfinished or
 # damaged), and at the top of a checkpoint folder besides the steps.
 ORBAX_STEP_NAMES = frozenset({"_CHECKPOINT_METADATA", "commit_success.txt", "state", "data",
@@ -88,7 +89,7 @@ def move_leftovers(directory: str) -> str | None:
     return None
   if not names:
     return None
-  stamp = storage.join(run_dir, LEFTOVERS, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+  stamp = storage.join(RunDir(run_dir).leftovers, time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
   target_dir, n = stamp, 1   # a folder of this second that holds none of these names yet
   while any(storage.exists(storage.join(_under(target_dir, kind, name), x)) for x in names):
     target_dir, n = f"{stamp}-{n}", n + 1

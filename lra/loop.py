@@ -29,6 +29,7 @@ from jax.experimental import multihost_utils
 from lra import checkpoint, lock as lock_lib, mesh as mesh_lib, metrics, progress, storage
 from lra.data import pipeline
 from lra.optim import learning_rate_schedule
+from lra.rundir import RunDir
 from models import embeddings
 
 SPLITS = ("train", "validation", "test")
@@ -78,10 +79,10 @@ class Run:
     self.sources = {split: self.task.get_source(config.data, split) for split in SPLITS}
     self.train_iter = pipeline.train_iterator(
         self.sources["train"], batch_size=config.batch_size, seed=int(config.seed), **self.shard)
-    self.ckpt = checkpoint.Checkpointer(storage.join(workdir, "checkpoints"),
+    self.ckpt = checkpoint.Checkpointer(RunDir(workdir).checkpoints,
                                         every=config.checkpoint_every,
                                         keep=config.keep_checkpoints)
-    self.best_ckpt = checkpoint.Checkpointer(storage.join(workdir, "best"), every=0, keep=1)
+    self.best_ckpt = checkpoint.Checkpointer(RunDir(workdir).best, every=0, keep=1)
     self.total_steps = int(config.num_train_steps)
     self.restore()
     start, total = self.start_step, self.total_steps
@@ -190,7 +191,7 @@ class Run:
   def _stored_results(self) -> dict[str, Any] | None:
     """The results.json of this run finished at `total_steps`, or None."""
     try:
-      results = storage.read_json(storage.join(self.workdir, "results.json"))
+      results = storage.read_json(RunDir(self.workdir).results)
     except ValueError:   # unreadable: the final evaluation writes it again
       return None
     if isinstance(results, dict) and results.get("steps") == self.total_steps:
@@ -376,7 +377,7 @@ class Run:
     results.update(task.result_fields(test_best=test_best, test_final=test_final,
                                       final_validation=final_val, best=self.best))
     if jax.process_index() == 0:   # one process writes the shared file
-      storage.write_json(storage.join(self.workdir, "results.json"), results)
+      storage.write_json(RunDir(self.workdir).results, results)
     self.close()
     return {**results, "interrupted": False, "state": state}
 

@@ -27,6 +27,7 @@ import numpy as np
 import tensorboardX
 
 from lra import storage
+from lra.rundir import RunDir
 
 FLUSH_SECONDS = 2   # tensorboardX's writer thread flushes the event file this often
 _WRITERS = itertools.count()   # tells apart the event files of writers started in one second
@@ -66,8 +67,8 @@ class MetricWriter:
 
   def __init__(self, workdir: str):
     self.workdir = workdir
-    self.path = storage.join(workdir, "metrics.jsonl")
-    self.tensorboard_dir = storage.join(workdir, "tensorboard")
+    self.path = RunDir(workdir).metrics
+    self.tensorboard_dir = RunDir(workdir).tensorboard
     self._lines = storage.LineFile(self.path)
     self.enabled = jax.process_index() == 0
     self._summaries: tensorboardX.SummaryWriter | None = None  # created on the first write
@@ -122,7 +123,7 @@ class MetricWriter:
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
   """All records of `<workdir>/metrics.jsonl` (empty if none). A last line cut short (a run
   killed while writing it) is left out; a damaged line elsewhere raises."""
-  path = storage.join(workdir, "metrics.jsonl")
+  path = RunDir(workdir).metrics
   text = storage.read_text(path)
   if text is None:
     return []

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from lra import storage
+from lra.rundir import RunDir
 
 # The fields a phase sets (`config.phases` is a tuple of dicts with exactly these keys).
 PHASE_KEYS = ("steps", "max_length", "window_scale", "learning_rate", "batch_size",
@@ -86,15 +87,15 @@ def phase_config(config: ml_collections.ConfigDict, index: int) -> ml_collection
 
 def finished_results(run_dir: str) -> dict[str, Any] | None:
   """The results.json of a finished run in `run_dir` (with "interrupted": False), or None."""
-  done = storage.read_json(storage.join(run_dir, "results.json"))
+  done = storage.read_json(RunDir(run_dir).results)
   return None if done is None else {**done, "interrupted": False}
 
 
 def results_path(workdir: str, results: dict[str, Any]) -> str:
   """Where the results of a run (or of the last phase of a staged run) were written."""
   if results.get("phases"):
-    return storage.join(workdir, f"phase{len(results['phases'])}", "results.json")
-  return storage.join(workdir, "results.json")
+    return RunDir(workdir).phase(len(results["phases"])).results
+  return RunDir(workdir).results
 
 
 class RunLog:
@@ -106,8 +107,8 @@ class RunLog:
     self.workdir = workdir
     self.offsets = [sum(steps[:k]) for k in range(len(steps))]
     self.enabled = enabled
-    self.lines = storage.LineFile(storage.join(workdir, "metrics.jsonl"))
-    self.tensorboard_dir = storage.join(workdir, "tensorboard")
+    self.lines = storage.LineFile(RunDir(workdir).metrics)
+    self.tensorboard_dir = RunDir(workdir).tensorboard
     self.copied: list[list[dict[str, Any]]] = [[] for _ in steps]
     self.summaries = None   # a tensorboardX.SummaryWriter, opened on the first record
     self.synced = 0.0
@@ -115,7 +116,7 @@ class RunLog:
       self.rebuild()
 
   def phase_dir(self, k: int) -> str:
-    return storage.join(self.workdir, f"phase{k + 1}")
+    return RunDir(self.workdir).phase(k + 1).path
 
   def rebuild(self) -> None:
     """Writes the run's log anew from every phase's metrics.jsonl."""
@@ -189,11 +190,11 @@ def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
                enabled=jax.process_index() == 0)
   try:
     for k in range(count):
-      phase_dir = storage.join(workdir, f"phase{k + 1}")
+      phase_dir = RunDir(workdir).phase(k + 1).path
       c = phase_config(config, k)
       if k > 0:   # from the previous phase (in init_from_hf's architecture, if given)
         with c.unlocked():
-          c.init_from = storage.join(workdir, f"phase{k}", "checkpoints")
+          c.init_from = RunDir(workdir).phase(k).checkpoints
       earlier = finished_results(phase_dir)
       if earlier is not None:
         results = earlier
@@ -210,7 +211,7 @@ def run_phases(config: ml_collections.ConfigDict, workdir: str, *,
           return {**results, "phases": summary}
         if k + 1 < count:   # the last phase's line is the run's own last line
           line = tasks.get_task(c.task).result_line(
-              results, storage.join(phase_dir, "results.json"))
+              results, RunDir(phase_dir).results)
           print(f"Phase {k + 1}/{count}: {line}", flush=True)
       summary.append({key: v for key, v in results.items()
                       if key not in ("state", "interrupted")})

@@ -46,6 +46,7 @@ from lra import lock as lock_lib, loop, mesh as mesh_lib, metrics, signals, stor
 from lra import tasks as tasks_lib
 from models import attention_extras as extras_lib
 from lra.optim import learning_rate_schedule, make_optimizer  # noqa: F401 (one re-exported)
+from lra.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def _write_json(path: str, obj: Any) -> None:
 def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   if jax.process_index() != 0:  # one process reads, renames and writes the shared file
     return
-  path = storage.join(workdir, "config.json")
+  path = RunDir(workdir).config
   text = config.to_json_best_effort(indent=2, sort_keys=True)
   saved = storage.read_text(path)
   if saved is not None and saved != text:
