@@ -11,8 +11,9 @@ status 2, before jax is imported. The `lra` console command (launch/cli.py) call
 configs (`config.phases`, the character-LM ones) run through `lra.phases`, one workdir per phase;
 rerunning the command continues the schedule.
 
-Before any data work, the preflight (`lra.preflight`) compiles the train and eval steps on
-abstract inputs and stops a run that cannot fit the devices' memory with one line and exit
+A missing input file (with data.download off) or another live run holding the workdir ends the
+command before any compile, with the line `lra data status` or the lock gives. Then, before any
+data work, the preflight (`lra.preflight`) compiles the train and eval steps on abstract inputs and stops a run that cannot fit the devices' memory with one line and exit
 status 2 (`--no_preflight` skips it). `--dry_run` prints what a run would be (the config's
 difference from the task's default, mesh and shardings, parameter count, memory per device,
 compile time; `--dry_run=steps:N` adds the time of N steps on random batches) and writes
@@ -42,6 +43,7 @@ from launch.values import config_arg_fields, flag_spelling, flatten
 from lra import schema, signals
 from lra import phases  # pure Python: the trainer is imported by its functions only
 from lra import host_memory, storage
+from lra.rundir import RunDir
 from lra import tasks as tasks_lib
 
 
@@ -205,7 +207,7 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
     rerun, stored = "refused", f"{e}"   # a dry run says so and goes on
   if rerun == "same" and dry_steps is None:
     print(tasks_lib.get_task(config.task).result_line(
-        stored, storage.join(storage.resolve(workdir), "results.json")), flush=True)
+        stored, RunDir(storage.resolve(workdir)).results), flush=True)
     return 0
   try:   # where the run writes (a finished run above may be shown from a read-only one)
     if rerun in ("new", "more"):
@@ -213,6 +215,14 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
       storage.check_remote(workdir)   # a bucket: gcsfs installed, the bucket there, credentials
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
+    return 2
+  # Another run holding the workdir: said before the preflight's compile (the lock itself is
+  # taken after it). One process only: a job's processes start together and share one lock.
+  from lra import lock
+  busy = lock.run_refusal(workdir) if dry_steps is None and rerun in ("new", "more") and \
+      os.environ.get("LRA_DISTRIBUTED", "0") != "1" else None
+  if busy:
+    print(f"error: {busy}", file=sys.stderr)
     return 2
   if rerun == "more" and dry_steps is None:
     print(f"Continuing the finished run in {workdir} from step {stored['steps']} to "
@@ -223,8 +233,11 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
   from lra import compiling, train  # heavy imports only once the arguments are valid
   from lra.data import archives
   task = tasks_lib.get_task(config.task)
-  try:  # names and combinations, then the preflight, then the data: all before the run
+  try:  # names, combinations and input files; then the preflight; then the data
     train.check_layers(phases.phase_config(config, 0) if config.get("phases") else config, task)
+    data = task.status(config.data) if dry_steps is None else None   # before any compile
+    if data is not None and data.missing and not config.data.get("download", False):
+      raise ValueError(data.detail)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -260,23 +273,14 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
       from lra import checkpoint
       line = failure_line(e, workdir)
       if line.startswith("no space left"):   # orbax's abandoned writes report as they end
-        checkpoint.stderr_to(storage.join(workdir, "error.log"))
+        checkpoint.stderr_to(RunDir(workdir).error_log)
       checkpoint.report(f"error: {line}")
       return 2
   if results["interrupted"]:
     return 130
-  _retire_error_log(workdir)
+  RunDir(storage.resolve(workdir)).retire_error_log()
   print(task.result_line(results, phases.results_path(workdir, results)), flush=True)
   return 0
-
-
-def _retire_error_log(workdir: str) -> None:
-  """A run that finished moves an earlier failure's `error.log` to `error.previous.log`, so that
-  a workdir holding an error log is one whose last run failed."""
-  folder = storage.resolve(workdir)
-  log = storage.join(folder, "error.log")
-  if storage.exists(log):
-    storage.replace(log, storage.join(folder, "error.previous.log"))
 
 
 def _rerun(config: ml_collections.ConfigDict, workdir: str) -> tuple[str, Any]:
@@ -295,21 +299,17 @@ def _configs_to_check(config: ml_collections.ConfigDict, workdir: str
     return [("", config)]
   count = len(config.phases)
   return [(f" phase {k + 1}/{count}", phases.phase_config(config, k)) for k in range(count)
-          if phases.finished_results(storage.join(workdir, f"phase{k + 1}")) is None]
+          if phases.finished_results(RunDir(workdir).phase(k + 1).path) is None]
 
 
 def _steps_left(config: ml_collections.ConfigDict, workdir: str, label: str) -> int:
   """Train steps the run (or phase, by its `label`) still has: its total minus its newest
   checkpoint's step in a local workdir (a resumed run is not charged again)."""
   total = int(config.num_train_steps)
-  folder = workdir
+  folder = RunDir(workdir)
   if label:   # " phase K/N"
-    folder = storage.join(workdir, f"phase{label.split()[1].split('/')[0]}")
-  try:
-    names = storage.listdir(storage.join(folder, "checkpoints"))
-  except OSError:
-    names = []
-  done = max((int(n) for n in names if n.isdigit()), default=0)
+    folder = folder.phase(int(label.split()[1].split("/")[0]))
+  done = max(folder.steps(), default=0)
   return max(0, total - done)
 
 
@@ -383,7 +383,7 @@ def workdir_lines(config: ml_collections.ConfigDict, workdir: str, rerun: str,
   would simply start or resume in. A run holding the workdir's lock (or a phase's) is named too:
   a real run would stop when it takes the lock, after its preflight."""
   lines = []
-  where = storage.join(workdir, "results.json")
+  where = RunDir(workdir).results
   if rerun == "same":
     line = tasks_lib.get_task(config.task).result_line(stored, where)
     lines.append(f"workdir: holds this run finished ({where}); a real run would change nothing "
@@ -396,18 +396,15 @@ def workdir_lines(config: ml_collections.ConfigDict, workdir: str, rerun: str,
     lines.append(f"workdir: holds a finished run; a real run would stop with: error: {stored}")
   if config.get("phases"):
     for k in range(len(config.phases)):
-      phase = storage.join(workdir, f"phase{k + 1}")
-      if phases.finished_results(phase) is not None:
+      phase = RunDir(workdir).phase(k + 1)
+      if phases.finished_results(phase.path) is not None:
         lines.append(f"workdir: phase {k + 1}/{len(config.phases)} finished earlier "
-                     f"({storage.join(phase, 'results.json')}); a real run skips it.")
-  if rerun in ("new", "more") and not storage.is_remote(workdir):   # as a run, after the above
-    from lra import lock
-    for folder in [workdir] + [storage.join(workdir, d) for d in run_state.phase_dirs(workdir)]:
-      busy = lock.refusal(folder)
-      if busy:
-        lines.append(f"workdir: another run holds it; a real run started now would stop when "
-                     f"it takes the lock (after its preflight) with: error: {busy}")
-        break
+                     f"({phase.results}); a real run skips it.")
+  from lra import lock
+  busy = lock.run_refusal(workdir) if rerun in ("new", "more") else None   # as a run would
+  if busy:
+    lines.append(f"workdir: another run holds it; a real run started now would stop before "
+                 f"its preflight with: error: {busy}")
   return lines
 
 
@@ -485,7 +482,7 @@ def failure_line(e: Exception, workdir: str) -> str:
             f"checkpoint, and an unfinished save is discarded.")
   if isinstance(e, (lock.WorkdirBusy, checkpoint.CheckpointError, FloatingPointError)):
     return str(e).splitlines()[0] if str(e) else type(e).__name__
-  log = storage.join(workdir, "error.log")
+  log = RunDir(workdir).error_log
   try:
     storage.makedirs(workdir)
     storage.append_text(log, "".join(traceback.format_exception(e)))

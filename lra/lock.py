@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 from typing import Any, Callable
+from lra.rundir import RunDir
 
 HEARTBEAT_S = 30.0
 STALE_AFTER = 4 * HEARTBEAT_S
@@ -201,7 +202,7 @@ def _rfc3339(stamp: str | None) -> float | None:
 
 def lock_file(workdir: str) -> _LocalLockFile | _BucketLockFile | None:
   """The lock of `workdir`: a local file, a bucket object (`gs://`), or None (other stores)."""
-  path = f"{workdir.rstrip('/')}/lock" if "://" in workdir else os.path.join(workdir, "lock")
+  path = RunDir(workdir).lock
   if workdir.startswith("gs://"):
     return _BucketLockFile(path)
   return None if "://" in workdir else _LocalLockFile(path)
@@ -244,6 +245,18 @@ def refusal(workdir: str) -> str | None:
   return busy_message(lock.path, found[0])
 
 
+def run_refusal(workdir: str) -> str | None:
+  """`refusal` for a run's local folder and each of its phase folders (a staged run locks each
+  phase's); None for a bucket's (its lock decides when taken)."""
+  if "://" in workdir:
+    return None
+  for name in [""] + RunDir(workdir).phase_names():
+    busy = refusal(os.path.join(workdir, name) if name else workdir)
+    if busy:
+      return busy
+  return None
+
+
 def exit_if_busy(argv: list[str]) -> None:
   """For a task's `lra run` argv with `--workdir PATH` (local): exits with the one-line refusal
   (status 2) when the workdir is busy."""
@@ -268,7 +281,7 @@ class WorkdirLock:
                heartbeat_s: float = HEARTBEAT_S,
                agree: Callable[[bool], bool] | None = None):
     self.file = lock_file(workdir)
-    self.path = self.file.path if self.file is not None else os.path.join(workdir, "lock")
+    self.path = self.file.path if self.file is not None else RunDir(workdir).lock
     self.enabled = enabled and self.file is not None
     self.stale_after = stale_after
     self.heartbeat_s = heartbeat_s

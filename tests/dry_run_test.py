@@ -210,11 +210,17 @@ def test_a_dry_run_in_a_busy_workdir_says_a_run_would_be_refused(tmp_path, capsy
   status, lines, err = _dry(workdir, capsys)
   assert status == 0 and err == "", err
   assert _workdir_lines(lines) == [
-      f"workdir: another run holds it; a real run started now would stop when it takes the "
-      f"lock (after its preflight) with: error: {workdir} is in use by another run (pid "
+      f"workdir: another run holds it; a real run started now would stop before its "
+      f"preflight with: error: {workdir} is in use by another run (pid "
       f"{os.getppid()} on {socket.gethostname()}, started 2024-01-01 00:00:00); wait for it to "
       f"finish, stop it, or use another --workdir (delete {workdir}/lock only if that run is "
       f"gone)."]
+  assert _files(workdir) == before
+  # The real run: that refusal, exit 2, before its preflight compiles anything.
+  status = cli.main(["run", "listops", *TINY, "--workdir", str(workdir)])
+  out, err = capsys.readouterr()
+  assert status == 2 and "Preflight" not in out, out
+  assert err == "error: " + _workdir_lines(lines)[0].split(" with: error: ")[1] + "\n"
   assert _files(workdir) == before
   # A lock whose holder is gone is taken over by a run: nothing to say.
   holder["pid"] = 2**22 + 12345

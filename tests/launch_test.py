@@ -106,6 +106,22 @@ def test_run_with_missing_data_prints_what_to_get(tmp_path, capsys):
   assert not (tmp_path / "w").exists()  # nothing was started
 
 
+def test_missing_data_is_reported_before_the_preflight_compiles(tmp_path, capsys):
+  """The same line as after the preflight, before it: `lra data status` knows at once."""
+  from lra import tasks
+  manual = tmp_path / "manual"
+  args = ["--size", "small", f"--config.data.manual_dir={manual}", "--config.data.download=false"]
+  assert cli.main(["run", "text", "--workdir", str(tmp_path / "w"), *args]) == 2
+  out, err = capsys.readouterr()
+  assert "Preflight" not in out and "compil" not in out, out
+  config = configs.build_config("text", size="small", overrides=[
+      ("data.manual_dir", str(manual)), ("data.download", "false")])
+  status = tasks.get_task("text").status(config.data)
+  assert status.missing and not status.ready
+  assert err == f"error: {status.detail}\n"
+  assert "aclImdb_v1.tar.gz" in err and not (tmp_path / "w").exists()
+
+
 def test_dry_run_values_and_config_changes():
   assert launcher.dry_run_steps(None) is None
   assert launcher.dry_run_steps("steps:0") == 0 and launcher.dry_run_steps("steps:12") == 12

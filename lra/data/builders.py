@@ -366,6 +366,7 @@ class Status:
   task: str
   ready: bool
   detail: str  # the dataset folder when ready; otherwise what to do
+  missing: bool = False   # an input file is absent: a run without data.download stops on it
 
 
 def archive_status(task: str, builder: tfds.core.DatasetBuilder,
@@ -382,7 +383,7 @@ def archive_status(task: str, builder: tfds.core.DatasetBuilder,
     if not here:
       missing.append(archives.missing_message(archive, os.path.expanduser(manual_dir)))
   if missing:
-    return Status(task, False, " ".join(missing))
+    return Status(task, False, " ".join(missing), missing=True)
   return Status(task, False, f"the input files are in place; `lra data prepare {task}` (or the "
                              f"first `lra run {task}`) builds the dataset in "
                              f"{builder.data_dir}.")
