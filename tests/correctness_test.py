@@ -97,8 +97,7 @@ def _through_memory(model, tokens, seg, **kwargs):
 # Memory with dilated band layers: the band layer's own pattern, per head.
 
 
-# One dilation for every head (one pass of the band layer), and one per head in runs (a pass per
-# run; (2, 1, 3) has three runs and a head of dilation 1, the path (1, 3) takes with two).
+# One band pass for all heads (2), one per run of heads ((2, 1, 3); (1, 3) takes that path too).
 @pytest.mark.parametrize("dilation", [2, pytest.param((1, 3), marks=pytest.mark.exhaustive),
                                       (2, 1, 3)])
 def test_memory_with_dilated_band_equals_the_dense_pattern(dilation):
