@@ -237,8 +237,8 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
     train.check_layers(phases.phase_config(config, 0) if config.get("phases") else config, task)
     data = task.status(config.data) if dry_steps is None else None   # before any compile
     if data is not None and data.missing and not config.data.get("download", False):
-      raise ValueError(data.detail)
-  except ValueError as e:
+      task.prepare(config.data)   # stops at once on the missing file with the task's own line
+  except (ValueError, archives.DataMissingError, archives.CorruptArchiveError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if _interrupted(startup, config):
