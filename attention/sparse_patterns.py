@@ -15,10 +15,11 @@ them with `attention.block_sparse.sparse_core`, only over the blocks they use:
     predicate) + strided part stride | (i - j): a reshape-transpose puts each residue class mod
     stride in a contiguous run, where the strided part is block-diagonal attention with one
     dense block per class (`strided_parts`, which takes the two attention calls as arguments,
-    so any kernel that returns its log-sum-exp runs the pattern the same way). Computed in
-    token order, the strided part would visit a tile for every tile pair whose distance range
-    holds a multiple of the stride, each tile holding one diagonal of pairs: its work per tile
-    would fall as 1 / tile side, and its tiles grow as L^2.
+    so any kernel that returns its log-sum-exp runs the pattern the same way: `_strided` here,
+    the Pallas kernel in `attention.pallas_block_sparse`). Computed in token order, the
+    strided part would visit a tile for every tile pair whose distance range holds a multiple
+    of the stride, each tile holding one diagonal of pairs: its work per tile would fall as
+    1 / tile side, and its tiles grow as L^2.
   * `bigbird` (Zaheer et al. 2020, ITC): the block layout of `masks.bigbird_block_pattern`
     (3-block window, global blocks, seeded random blocks per head) on the block kernel.
 
