@@ -18,8 +18,9 @@ BigBird's per-head random blocks; `StridedPattern`, `FixedPattern` with per-head
 classification (`splash_masks`: every `[block_q, block_k]` tile empty, full or partial, partial
 tiles deduplicated by content, from the pattern's rule at tile granularity, never an `L x L`
 array) is turned here, in numpy, once per static configuration (cached), into lists:
-  * per (head, query tile): the key tiles to visit and, for each, the index of its tile in a
-    small table of distinct boolean tiles (entry 0: all ones, for full tiles);
+  * per (head, query tile): the key tiles to visit, its full tiles first and its partial ones
+    after (a pointer marks the split), and, for each, the index of its tile in a small table of
+    distinct boolean tiles (entry 0: all ones, for full tiles);
   * per (head, key tile): the query tiles that visit it, the transposed lists, for dk/dv.
 The lists of all tiles are stored one after another with row pointers (compressed sparse rows),
 so their size is the number of visited tiles (a global query tile that visits every key tile
@@ -29,7 +30,8 @@ a global query tile simply lists every key tile. Causality is part of the patter
 
 The kernels (`attention.pallas_block_sparse_kernel`): forward, grid (B * H, query tiles), online
 softmax over the program's list (float32 statistics, whatever the input dtype), keys and values
-loaded at offsets read from the list; backward as FlashAttention-2 (custom_vjp, the forward
+loaded at offsets read from the list, in two loops: the full tiles masked by the key validity
+alone, the partial ones by their table tile and the key validity; backward as FlashAttention-2 (custom_vjp, the forward
 saves its output and log-sum-exp): a dq kernel over the same lists and a dk/dv kernel over the
 transposed ones. Padding (of the length to a multiple of the tiles, of the head dimension to a
 power of two >= 16) is the only copy; padded and masked keys are a per-key validity vector.
@@ -70,33 +72,36 @@ _pow2 = validation.pow2_at_least
 
 
 class Lists(NamedTuple):
-  """The tile lists of one static configuration (numpy), rows stored one after another: for
-  tile i of head h, entries ptr[h, i] to ptr[h, i + 1] of idx[h] and tid[h]. The head axis is
-  H, or 1 when every head has the same pattern."""
-  fwd_ptr: np.ndarray   # int32 [Hl, P]: row pointers over the query tiles
-  fwd_idx: np.ndarray   # int32 [Hl, E]: the key tiles each query tile visits, in order
+  """The tile lists of one static configuration (numpy), rows stored one after another, two
+  segments a row: for tile i of head h, entries ptr[h, 2i] to ptr[h, 2i + 1] of idx[h] and
+  tid[h] are its full tiles (tid 0), entries ptr[h, 2i + 1] to ptr[h, 2i + 2] its partial ones,
+  each segment in increasing order. The head axis is H, or 1 when every head has the same
+  pattern."""
+  fwd_ptr: np.ndarray   # int32 [Hl, P]: segment pointers over the query tiles
+  fwd_idx: np.ndarray   # int32 [Hl, E]: the key tiles each query tile visits
   fwd_tid: np.ndarray   # int32 [Hl, E]: their entries in `tiles`
-  bwd_ptr: np.ndarray   # int32 [Hl, P']: row pointers over the key tiles
+  bwd_ptr: np.ndarray   # int32 [Hl, P']: segment pointers over the key tiles
   bwd_idx: np.ndarray   # int32 [Hl, E]: the query tiles that visit each key tile
   bwd_tid: np.ndarray   # int32 [Hl, E]
   tiles: np.ndarray     # int8 [T, bq, bk]: entry 0 all ones (full tiles), then partial tiles
 
 
 def _rows(cls: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(row pointers, tiles, table entries) of the visited tiles (`cls > 0`) of `[Hl, n, m]`,
-  row after row in increasing order; sizes padded to powers of two (pointers with the total,
-  tiles with -1)."""
-  visit = cls > 0
+  """(segment pointers, tiles, table entries) of the visited tiles (`cls > 0`) of `[Hl, n, m]`,
+  row after row, each row its full tiles (`cls == 2`) then its partial ones, each in increasing
+  order; sizes padded to powers of two (pointers with the total, tiles with -1)."""
   hl, n, _ = cls.shape
-  counts = visit.sum(axis=-1)
-  ptr = np.zeros((hl, max(MIN_TILE, _pow2(n + 1))), np.int32)
-  ptr[:, 1:n + 1] = np.cumsum(counts, axis=-1)
-  ptr[:, n + 1:] = ptr[:, n:n + 1]
+  segments = np.stack([(cls == 2).sum(axis=-1), (cls == 1).sum(axis=-1)], axis=-1)
+  ptr = np.zeros((hl, max(MIN_TILE, _pow2(2 * n + 1))), np.int32)
+  ptr[:, 1:2 * n + 1] = np.cumsum(segments.reshape(hl, 2 * n), axis=-1)
+  ptr[:, 2 * n + 1:] = ptr[:, 2 * n:2 * n + 1]
   size = max(MIN_TILE, _pow2(int(ptr[:, -1].max(initial=0))))
   idx = np.full((hl, size), -1, np.int32)
   ids = np.zeros((hl, size), np.int32)
   for h in range(hl):
-    rows, cols = np.nonzero(visit[h])                    # row-major: rows in order
+    rows, cols = np.nonzero(cls[h] > 0)                  # row-major: rows in order
+    order = np.lexsort((cols, cls[h, rows, cols] == 1, rows))   # per row: full, then partial
+    rows, cols = rows[order], cols[order]
     idx[h, :rows.size] = cols
     ids[h, :rows.size] = tid[h, rows, cols]
   return ptr, idx, ids
@@ -134,28 +139,38 @@ def tile_lists(patterns: tuple[Pattern, ...], length: int, bq: int, bk: int) -> 
   return Lists(*_rows(cls, tid), *_rows(cls.transpose(0, 2, 1), tid.transpose(0, 2, 1)), tiles)
 
 
+def _kernel_args(q: jax.Array, k: jax.Array, v: jax.Array, key_ok: jax.Array,
+                 patterns: tuple[Pattern, ...], block_q: int, block_k: int, num_warps: int,
+                 num_stages: int, interpret: bool) -> tuple:
+  """The arguments of the kernel on `[B, L, H, .]` inputs with the keys `key_ok [B, L]`: its
+  configuration (tiles reduced to fit short sequences), then q, k, v padded to the
+  tiles and to head dimensions that are powers of two >= 16, the key validity and the lists."""
+  _, length, h, d = q.shape
+  bq, bk = (min(t, max(MIN_TILE, _pow2(length))) for t in (block_q, block_k))
+  padded = padded_length(length, bq, bk)
+  lists = tile_lists(patterns, length, bq, bk)
+  ok = jnp.pad(key_ok, ((0, 0), (0, padded - length))).astype(jnp.int32)
+
+  def pad(x):
+    width = max(MIN_TILE, _pow2(x.shape[-1]))
+    return jnp.pad(x, ((0, 0), (0, padded - length), (0, 0), (0, width - x.shape[-1])))
+
+  cfg = kernel.Tiles(block_q=bq, block_k=bk, heads=h, list_heads=lists.fwd_ptr.shape[0],
+                     scale=1.0 / math.sqrt(d), interpret=interpret, num_warps=num_warps,
+                     num_stages=num_stages)
+  return (cfg, pad(q), pad(k), pad(v), ok, *(jnp.asarray(x) for x in lists))
+
+
 @functools.partial(jax.jit, static_argnames=("patterns", "block_q", "block_k", "num_warps",
                                              "num_stages", "interpret"))
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array | None, *,
             patterns: tuple[Pattern, ...], block_q: int, block_k: int, num_warps: int,
             num_stages: int, interpret: bool) -> jax.Array:
-  b_, length, h, d = q.shape
-  dv = v.shape[-1]
-  dp, dvp = max(MIN_TILE, _pow2(d)), max(MIN_TILE, _pow2(dv))
-  bq = min(block_q, max(MIN_TILE, _pow2(length)))
-  bk = min(block_k, max(MIN_TILE, _pow2(length)))
-  padded = padded_length(length, bq, bk)
-  lists = tile_lists(patterns, length, bq, bk)
+  b_, length = q.shape[:2]
   real = jnp.ones((b_, length), bool) if key_mask is None else key_mask
-  ok = jnp.pad(real, ((0, 0), (0, padded - length))).astype(jnp.int32)
-  pad = lambda x, width: jnp.pad(x, ((0, 0), (0, padded - length), (0, 0),
-                                     (0, width - x.shape[-1])))
-  cfg = kernel.Tiles(block_q=bq, block_k=bk, heads=h, list_heads=lists.fwd_ptr.shape[0],
-                     scale=1.0 / math.sqrt(d), interpret=interpret, num_warps=num_warps,
-                     num_stages=num_stages)
-  out = kernel.attend(cfg, pad(q, dp), pad(k, dp), pad(v, dvp), ok,
-                      *(jnp.asarray(x) for x in lists))
-  out = out[:, :length, :, :dv]
+  out = kernel.attend(*_kernel_args(q, k, v, real, patterns, block_q, block_k, num_warps,
+                                    num_stages, interpret))
+  out = out[:, :length, :, :v.shape[-1]]
   if key_mask is not None:
     out = jnp.where(real[:, :, None, None], out, 0)
   return out.astype(q.dtype)
@@ -167,23 +182,11 @@ def _with_lse(q: jax.Array, k: jax.Array, v: jax.Array, key_ok: jax.Array,
   """(out `[B, L, H, Dv]` in q's dtype, lse float32 `[B, L, H]`) of the patterns over the keys
   with `key_ok [B, L]`: `kernel.attend_with_lse`, one part of a pattern merged by log-sum-exp
   (`attention.sparse_patterns.strided_parts`). A query with no allowed key: 0 and NEG_INF."""
-  b_, length, h, d = q.shape
-  dv = v.shape[-1]
-  dp, dvp = max(MIN_TILE, _pow2(d)), max(MIN_TILE, _pow2(dv))
-  bq = min(block_q, max(MIN_TILE, _pow2(length)))
-  bk = min(block_k, max(MIN_TILE, _pow2(length)))
-  padded = padded_length(length, bq, bk)
-  lists = tile_lists(patterns, length, bq, bk)
-  ok = jnp.pad(key_ok, ((0, 0), (0, padded - length))).astype(jnp.int32)
-  pad = lambda x, width: jnp.pad(x, ((0, 0), (0, padded - length), (0, 0),
-                                     (0, width - x.shape[-1])))
-  cfg = kernel.Tiles(block_q=bq, block_k=bk, heads=h, list_heads=lists.fwd_ptr.shape[0],
-                     scale=1.0 / math.sqrt(d), interpret=interpret, num_warps=num_warps,
-                     num_stages=num_stages)
-  out, lse = kernel.attend_with_lse(cfg, pad(q, dp), pad(k, dp), pad(v, dvp), ok,
-                                    *(jnp.asarray(x) for x in lists))
-  lse = lse.reshape(b_, h, padded)[:, :, :length].transpose(0, 2, 1)
-  return out[:, :length, :, :dv], lse
+  b_, length, h = q.shape[:3]
+  out, lse = kernel.attend_with_lse(*_kernel_args(q, k, v, key_ok, patterns, block_q, block_k,
+                                                  num_warps, num_stages, interpret))
+  lse = lse.reshape(b_, h, -1)[:, :, :length].transpose(0, 2, 1)
+  return out[:, :length, :, :v.shape[-1]], lse
 
 
 @dataclasses.dataclass(frozen=True)

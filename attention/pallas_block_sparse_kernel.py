@@ -1,28 +1,37 @@
 """The Pallas kernels of `attention.pallas_block_sparse`: forward, dq and dk/dv over tile lists.
 
 A block pattern reaches the kernels as lists, never as a mask over pairs, stored row after row
-(compressed sparse rows): for query tile i, entries `fwd_ptr[i]` to `fwd_ptr[i + 1]` of
-`fwd_idx` are the key tiles to visit, in increasing order, and the same entries of `fwd_tid`
-their indices in a small table of distinct `[block_q, block_k]` tiles `tiles [T, block_q,
-block_k]` (int8, 1 = allowed); entry 0 of the table is all ones and is what a full tile points
-to. `bwd_ptr`, `bwd_idx`, `bwd_tid` list, per key tile, the query tiles that visit it (the
-transposed lists, same table), for dk/dv. The lists have a leading head axis of H, or of 1 when
-every head has the same pattern (`Tiles.list_heads`); their lengths are padded to powers of two.
-Storing rows one after another keeps them the size of the pattern: a global query tile lists
-every key tile without making every other row as long. The key validity (padding, the sequence
-end) is a per-key vector `ok [B, Lp]`.
+(compressed sparse rows, two segments a row): for query tile i, entries `fwd_ptr[2i]` to
+`fwd_ptr[2i + 1]` of `fwd_idx` are the key tiles to visit that are full (every pair allowed),
+entries `fwd_ptr[2i + 1]` to `fwd_ptr[2i + 2]` those that are partial, each segment in
+increasing order; the same entries of `fwd_tid` are their indices in a small table of distinct
+`[block_q, block_k]` tiles `tiles [T, block_q, block_k]` (int8, 1 = allowed); entry 0 of the
+table is all ones and is what a full tile points to. `bwd_ptr`, `bwd_idx`, `bwd_tid` list, per
+key tile, the query tiles that visit it (the transposed lists, same table, same two segments),
+for dk/dv. The lists have a leading head axis of H, or of 1 when every head has the same pattern
+(`Tiles.list_heads`); their lengths are padded to powers of two. Storing rows one after another
+keeps them the size of the pattern: a global query tile lists every key tile without making
+every other row as long. The key validity (padding, the sequence end) is a per-key vector
+`ok [B, Lp]`.
 
 Layout (no transposes): q, k, v, the output and every gradient are `[B, Lp, H, D]`; program
 (n, .) works on row n = b * H + head and its BlockSpecs cut that row's tiles out directly (a
 strided load, rows H * D elements apart). Per-row vectors (log-sum-exp, delta) are `[N, Lp]`.
 
 Grids: forward and dq (N, nq): program (n, i) keeps its `block_q` queries and loops over the
-listed key tiles, reading each tile's index and table entry from the list refs and
-loading keys and values at that dynamic offset; dk/dv (N, nk): program (n, j) keeps its key tile
-and loops over the listed query tiles. Softmax statistics and accumulators are float32 whatever
-the input dtype; matmul operands keep it (bfloat16 stays bfloat16 on the tensor cores). A query
-with no allowed key outputs 0 and gets log-sum-exp NEG_INF, and its probabilities are
-recomputed as 0 in the backward (every score of its row is masked).
+listed key tiles, reading each tile's index from the list refs and loading keys and values at
+that dynamic offset; dk/dv (N, nk): program (n, j) keeps its key tile and loops over the listed
+query tiles. Each program runs two loops (`_two_loops`): over its full tiles with the key
+validity `ok` (one `[1, block_k]` select) as the only mask, never reading the table, and over
+its partial tiles with the table tile AND `ok`. Why it is exact: a full tile's table entry is
+all ones, so ANDing it changes nothing; the order of the tiles in the online softmax and in
+the gradient sums changes the result only by rounding. Most visited tiles are full (a block
+layout whose blocks are multiples of the tiles, BigBird's window and global blocks, the strided
+pattern's residue classes), so most of the work skips the table load and the AND. Softmax
+statistics and accumulators are float32 whatever the input dtype; matmul operands keep it
+(bfloat16 stays bfloat16 on the tensor cores). A query with no allowed key outputs 0 and gets
+log-sum-exp NEG_INF, and its probabilities are recomputed as 0 in the backward (every score of
+its row is masked; a query that visits a full tile with a valid key has an allowed key).
 
 `attend` returns the output; `attend_with_lse` also the log-sum-exp, with its cotangent taken
 by the same backward (delta = rowsum(dO * O) - dlse), for a pattern computed in parts over
@@ -59,15 +68,25 @@ class Tiles:
   num_stages: int = 2
 
 
-def _span(ptr_ref) -> tuple[jax.Array, jax.Array]:
-  """The entries [lo, hi) of the lists that belong to this program's tile."""
+def _spans(ptr_ref) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The entries [lo, mid) (full tiles) and [mid, hi) (partial tiles) of the lists that belong
+  to this program's tile."""
   i = pl.program_id(1)
-  return ptr_ref[i], ptr_ref[i + 1]
+  return ptr_ref[2 * i], ptr_ref[2 * i + 1], ptr_ref[2 * i + 2]
 
 
-def _allowed(tiles_ref, tid: jax.Array, ok: jax.Array) -> jax.Array:
-  """[bq, bk] bool: the table tile `tid` restricted to the valid keys `ok [bk]`."""
-  return (tiles_ref[tid] != 0) & (ok[None, :] != 0)
+def _two_loops(ptr_ref, body, carry):
+  """`body(s, carry, full)` over the program's full entries, then over its partial ones."""
+  lo, mid, hi = _spans(ptr_ref)
+  carry = lax.fori_loop(lo, mid, functools.partial(body, full=True), carry)
+  return lax.fori_loop(mid, hi, functools.partial(body, full=False), carry)
+
+
+def _allowed(tiles_ref, tid_ref, s: jax.Array, ok: jax.Array, full: bool) -> jax.Array:
+  """The pairs of entry s that may be attended: `[1, bk]` the valid keys `ok [bk]` of a full
+  tile (no table read), or `[bq, bk]` its table tile restricted to them."""
+  valid = ok[None, :] != 0
+  return valid if full else (tiles_ref[tid_ref[s]] != 0) & valid
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tiles_ref, o_ref,
@@ -75,15 +94,15 @@ def _forward_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tile
   bq, bk = cfg.block_q, cfg.block_k
   q = q_ref[...]
 
-  def body(s, carry):
+  def body(s, carry, full):
     keys = pl.ds(pl.multiple_of(idx_ref[s] * bk, bk), bk)
     scores = _dot(q, k_ref[keys, :], (1, 1)) * cfg.scale
-    allowed = _allowed(tiles_ref, tid_ref[s], ok_ref[keys])
+    allowed = _allowed(tiles_ref, tid_ref, s, ok_ref[keys], full)
     return _softmax_step(carry, scores, allowed, v_ref[keys, :])
 
   carry = (jnp.zeros((bq, o_ref.shape[-1]), jnp.float32),
            jnp.full((bq,), NEG_INF, jnp.float32), jnp.zeros((bq,), jnp.float32))
-  _finish(lax.fori_loop(*_span(ptr_ref), body, carry), o_ref, lse_ref)
+  _finish(_two_loops(ptr_ref, body, carry), o_ref, lse_ref)
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tiles_ref, do_ref, lse_ref,
@@ -91,14 +110,14 @@ def _dq_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tiles_ref
   bk = cfg.block_k
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
 
-  def body(s, dq):
+  def body(s, dq, full):
     keys = pl.ds(pl.multiple_of(idx_ref[s] * bk, bk), bk)
     k = k_ref[keys, :]
-    allowed = _allowed(tiles_ref, tid_ref[s], ok_ref[keys])
+    allowed = _allowed(tiles_ref, tid_ref, s, ok_ref[keys], full)
     _, ds = _probs_and_dscores(q, k, v_ref[keys, :], do, lse, delta, allowed, cfg)
     return dq + _dot(ds.astype(k.dtype), k, (1, 0))
 
-  dq = lax.fori_loop(*_span(ptr_ref), body, jnp.zeros(dq_ref.shape, jnp.float32))
+  dq = _two_loops(ptr_ref, body, jnp.zeros(dq_ref.shape, jnp.float32))
   dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
@@ -107,16 +126,16 @@ def _dkv_kernel(q_ref, k_ref, v_ref, ok_ref, ptr_ref, idx_ref, tid_ref, tiles_re
   bq = cfg.block_q
   k, v, ok = k_ref[...], v_ref[...], ok_ref[...]
 
-  def body(s, carry):
+  def body(s, carry, full):
     dk, dv = carry
     rows = pl.ds(pl.multiple_of(idx_ref[s] * bq, bq), bq)
     q, do = q_ref[rows, :], do_ref[rows, :]
-    allowed = _allowed(tiles_ref, tid_ref[s], ok)
+    allowed = _allowed(tiles_ref, tid_ref, s, ok, full)
     p, ds = _probs_and_dscores(q, k, v, do, lse_ref[rows], delta_ref[rows], allowed, cfg)
     return (dk + _dot(ds.astype(q.dtype), q, (0, 0)), dv + _dot(p.astype(do.dtype), do, (0, 0)))
 
-  dk, dv = lax.fori_loop(*_span(ptr_ref), body, (jnp.zeros(dk_ref.shape, jnp.float32),
-                                                jnp.zeros(dv_ref.shape, jnp.float32)))
+  dk, dv = _two_loops(ptr_ref, body, (jnp.zeros(dk_ref.shape, jnp.float32),
+                                      jnp.zeros(dv_ref.shape, jnp.float32)))
   dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -185,7 +204,8 @@ def attend(cfg: Tiles, q: jax.Array, k: jax.Array, v: jax.Array, ok: jax.Array,
     q, k: `[B, Lp, H, Dp]`; v `[B, Lp, H, Dvp]` (Dp, Dvp powers of two >= 16).
     ok: int32 `[B, Lp]`, nonzero where a key may be attended.
     fwd_ptr, fwd_idx, fwd_tid: int32 `[Hl, P]`, `[Hl, E]`, `[Hl, E]` (Hl: H or 1): per query
-      tile i, entries ptr[i] to ptr[i + 1] are the key tiles to visit and their table entries.
+      tile i, entries ptr[2i] to ptr[2i + 1] are the full key tiles to visit, ptr[2i + 1] to
+      ptr[2i + 2] the partial ones, with their table entries.
     bwd_ptr, bwd_idx, bwd_tid: the same per key tile, listing the query tiles that visit it.
     tiles: int8 `[T, block_q, block_k]`, entry 0 all ones.
 

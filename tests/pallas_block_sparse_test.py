@@ -174,10 +174,16 @@ def test_a_query_block_with_no_allowed_key_outputs_zero():
 # --- The tile lists. ---
 
 def _rows(ptr, idx, tid, head):
-  """[(tile, [(listed tile, table entry), ...]), ...] of one head's lists."""
+  """[(tile, [(listed tile, table entry), ...]), ...] of one head's lists; checks that each
+  row lists its full tiles (entry 0) first, then its partial ones, each in increasing order."""
   h = min(head, ptr.shape[0] - 1)
-  return [(i, list(zip(idx[h, ptr[h, i]:ptr[h, i + 1]], tid[h, ptr[h, i]:ptr[h, i + 1]])))
-          for i in range(ptr.shape[1] - 1)]
+  rows = []
+  for i in range((ptr.shape[1] - 1) // 2):
+    lo, mid, hi = ptr[h, 2 * i:2 * i + 3]
+    assert lo <= mid <= hi and np.all(tid[h, lo:mid] == 0) and np.all(tid[h, mid:hi] > 0)
+    assert np.all(np.diff(idx[h, lo:mid]) > 0) and np.all(np.diff(idx[h, mid:hi]) > 0)
+    rows.append((i, list(zip(idx[h, lo:hi], tid[h, lo:hi]))))
+  return rows
 
 
 def _decode(lists, h, length, bq, bk):
@@ -224,11 +230,14 @@ def test_lists_hold_the_visited_tiles_only():
   layout[2:, 2] = True                                  # blocks 2.. see blocks 0, 1, 2
   patterns = splash_masks.layout_patterns(layout[None], 16, False)
   lists = pallas_block_sparse.tile_lists(patterns, 70, 16, 16)    # padded to 80: 5 tiles
-  np.testing.assert_array_equal(np.diff(lists.fwd_ptr[0, :6]), [5, 0, 3, 3, 3])
+  # (full, partial) per query tile; key tile 4 is full (keys 70.. are the key validity's).
+  np.testing.assert_array_equal(np.diff(lists.fwd_ptr[0, :11]), [5, 0, 0, 0, 3, 0, 3, 0, 3, 0])
   assert lists.fwd_ptr[0, -1] == 14 and lists.fwd_idx.shape == (1, 16)
+  np.testing.assert_array_equal(lists.fwd_idx[0, :5], [0, 1, 2, 3, 4])
   # A global query tile lists every key tile; the others do not grow to its length.
   lists = pallas_block_sparse.tile_lists((splash_masks.StridedPattern(3),), 70, 64, 16)
-  np.testing.assert_array_equal(np.diff(lists.bwd_ptr[0, :9]), [2, 2, 2, 2, 2, 0, 0, 0])
+  np.testing.assert_array_equal(np.diff(lists.bwd_ptr[0, :17]).reshape(8, 2),
+                                [[0, 2]] * 5 + [[0, 0]] * 3)
 
 
 def test_a_skipped_tile_is_caught():
@@ -240,10 +249,10 @@ def test_a_skipped_tile_is_caught():
   patterns = (splash_masks.BlockLocalPattern(32, False),) * h
   lists = pallas_block_sparse.tile_lists(patterns, length, 16, 16)
   ptr, idx, tid = (x.copy() for x in lists[:3])
-  entry = ptr[0, 2] + 1                                 # query tile 2's second key tile (3)
-  assert idx[0, entry] == 3
+  entry = ptr[0, 4] + 1                                 # query tile 2's second key tile (3)
+  assert idx[0, entry] == 3 and ptr[0, 5] == entry + 1  # a full one
   idx[0, entry:-1], tid[0, entry:-1] = idx[0, entry + 1:], tid[0, entry + 1:]
-  ptr[0, 3:] -= 1
+  ptr[0, 5:] -= 1
   cfg = kernel.Tiles(block_q=16, block_k=16, heads=h, list_heads=1, scale=0.25, interpret=True)
   ok = jnp.ones((1, length), jnp.int32)
 
