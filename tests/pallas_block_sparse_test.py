@@ -171,6 +171,40 @@ def test_a_query_block_with_no_allowed_key_outputs_zero():
   assert np.all(out[0, 16:32] == 0) and np.all(out[0, :16] != 0)
 
 
+def _row_kinds(lists, length, bq, bk):
+  """The (has full tiles, has partial tiles) pairs of the forward rows and of the transposed
+  rows, over every head."""
+  padded = pallas_block_sparse.padded_length(length, bq, bk)
+  kinds = []
+  for ptr, n in ((lists.fwd_ptr, padded // bq), (lists.bwd_ptr, padded // bk)):
+    segments = np.diff(ptr[:, :2 * n + 1], axis=-1).reshape(-1, 2) > 0
+    kinds.append({tuple(bool(x) for x in row) for row in segments})
+  return kinds
+
+
+@pytest.mark.parametrize("causal,tiles", [(True, (16, 16)), (False, (16, 32))])
+def test_full_and_partial_loops(causal, tiles):
+  # Per-head layouts (blocks of 16, length 70) whose query tiles, and key tiles, include ones
+  # with only full tiles (the loop without the table), only partial ones, both, and none.
+  # Key 36 to 43 of the first example are masked inside tiles that are full (a real query
+  # sees them there); the second example's keys 60.. are padding, 70.. the sequence end.
+  bq, bk = tiles
+  layout = np.zeros((2, 5, 5), bool)
+  for head, rows in enumerate([[[0], [], [0], [0, 2, 3], [1, 4]],
+                               [[0], [0, 1], [], [1], [0, 2, 3]]]):
+    for i, cols in enumerate(rows):
+      layout[head, i, cols] = True
+  lists = pallas_block_sparse.tile_lists(splash_masks.layout_patterns(layout, 16, causal), 70,
+                                         bq, bk)
+  every = {(True, False), (False, True), (True, True), (False, False)}
+  assert _row_kinds(lists, 70, bq, bk) == [every, every]
+  q, k, v, ct = _inputs(_rng("loops", causal, tiles), 2, 70, 2, 8)
+  key_mask = np.ones((2, 70), bool)
+  key_mask[0, 36:44] = key_mask[1, 60:] = False
+  _check("block_sparse", q, k, v, ct, causal=causal, key_mask=jnp.asarray(key_mask),
+         args=dict(layout=layout, block_size=16), tiles=dict(block_q=bq, block_k=bk))
+
+
 # --- The tile lists. ---
 
 def _rows(ptr, idx, tid, head):
@@ -315,6 +349,26 @@ def _full_share(calls):
     tid = lists.fwd_tid[0, :lists.fwd_ptr[0, -1]]
     shares.append(lists.tiles[tid].astype(bool).sum() / (tid.size * bq * bk))
   return shares
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_strided_classes_fill_whole_tiles(monkeypatch, causal):
+  # Length 203, stride 4: classes of 51 and 50 tokens, each padded to 64 (whole 16-tiles), so
+  # the class part visits full tiles only, and one partial tile a row when causal (its
+  # diagonal). Classes of 51 in token order would leave partial tiles at their edges.
+  calls = []
+  real = pallas_block_sparse.tile_lists
+  monkeypatch.setattr(pallas_block_sparse, "tile_lists",
+                      lambda *a: calls.append(a) or real(*a))
+  q = jax.ShapeDtypeStruct((1, 203, 1, 8), jnp.float32)
+  jax.eval_shape(lambda q: pallas_block_sparse.sparse_attention(
+      q, q, q, pattern="strided", stride=4, causal=causal, block_q=16, block_k=16,
+      interpret=True), q)
+  classes = [c for c in calls if isinstance(c[0][0], splash_masks.BlockLocalPattern)]
+  assert len(calls) == 2 and [c[1:] for c in classes] == [(256, 16, 16)]
+  segments = np.diff(real(*classes[0]).fwd_ptr[0, :33]).reshape(16, 2)   # (full, partial)
+  np.testing.assert_array_equal(segments[:, 0], np.arange(16) % 4 if causal else 4)
+  np.testing.assert_array_equal(segments[:, 1], int(causal))
 
 
 # Exhaustive: building and reading the token-order tile table at 16K takes over 20 minutes on
