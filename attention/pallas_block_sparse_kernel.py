@@ -25,9 +25,9 @@ query tiles. Each program runs two loops (`_two_loops`): over its full tiles wit
 validity `ok` (one `[1, block_k]` select) as the only mask, never reading the table, and over
 its partial tiles with the table tile AND `ok`. Why it is exact: a full tile's table entry is
 all ones, so ANDing it changes nothing; the order of the tiles in the online softmax and in
-the gradient sums changes the result only by rounding. Most visited tiles are full (a block
-layout whose blocks are multiples of the tiles, BigBird's window and global blocks, the strided
-pattern's residue classes), so most of the work skips the table load and the AND. Softmax
+the gradient sums changes the result only by rounding. Most visited tiles are full when the
+pattern's blocks are multiples of the tiles (block layouts, BigBird, block-local; the strided
+pattern's residue classes always), so most of the work skips the table load and the AND. Softmax
 statistics and accumulators are float32 whatever the input dtype; matmul operands keep it
 (bfloat16 stays bfloat16 on the tensor cores). A query with no allowed key outputs 0 and gets
 log-sum-exp NEG_INF, and its probabilities are recomputed as 0 in the backward (every score of
