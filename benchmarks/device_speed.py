@@ -145,10 +145,10 @@ def _kind_function(case: dict, n: int, batch: int, heads: int, head_dim: int, dt
   num_global = case.get("num_global", 0)
   try:
     from attention import backends
-    config_args = {k: v for k, v in kwargs.items() if k in ("window", "dilation")}
-    backend = backends.choose(kind, config_args, implementation=implementation,
+    kind_args = {k: v for k, v in kwargs.items() if k in ("window", "dilation")}
+    backend = backends.choose(kind, kind_args, implementation=implementation,
                               global_tokens=bool(num_global))
-    fn = backends.function(kind, implementation, args=config_args,
+    fn = backends.function(kind, implementation, args=kind_args,
                            global_tokens=bool(num_global))
   except ImportError:      # before attention/backends.py: the kind's portable function
     import attention

@@ -66,14 +66,20 @@ def build_config(task: str, *, attention: str | None = None, size: str | None = 
     if attention not in common.kinds.KINDS and attention not in common.kinds.aliases():
       raise ValueError(f"config.model.attention.kind = {attention!r}: unknown attention kind; "
                        f"valid: {', '.join(common.kinds.names())}.")
+  # `--config.size=S` likewise chooses the size as `--size S` does (every field of that size).
+  sized = [text for dotted, text in overrides if dotted == "size"]
+  if sized:
+    size = str(common.convert(sized[-1], ""))
   if attention:
     parts.append(f"attention={attention}")
   if size:
     parts.append(f"size={size}")
   module = config_module(task)
   config = module.get_config(",".join(parts))
+  chosen = {"model.attention.kind"} if kind else set()
+  chosen |= {"size"} if sized else set()
   for dotted, text in overrides:
-    if not (kind and dotted == "model.attention.kind"):   # set above, a paper's name resolved
+    if dotted not in chosen:   # set above (a paper's name resolved, a size's fields)
       apply_override(config, dotted, text)
   if hasattr(module, "check"):   # a task's own relations between fields (one-line ValueError)
     module.check(config)

@@ -175,10 +175,7 @@ def get_config(task: str, arg: str | None = None) -> ml_collections.ConfigDict:
   # Transformer-XL relative positions, as the Longformer character LM (no parameter depends on
   # the length, so the phases can change it); kinds without them keep sinusoids.
   c.model.pos_emb = "relative" if kinds.get(a.attention).relative else "sinusoidal"
-  if memory:
-    c.config_arg = f"attention={a.attention},size={memory}-{a.size},window={a.window}"
-  else:
-    c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
+  c.size = f"{memory}-{a.size}" if memory else a.size   # the run's identity (lra.identity)
   return c
 
 

@@ -257,13 +257,13 @@ def task_config(name: str, data: ml_collections.ConfigDict) -> ml_collections.Co
 
 def set_attention(c: ml_collections.ConfigDict, a: ml_collections.ConfigDict,
                   window: int) -> None:
-  """Sets the model's attention to kind `a.attention` with its defaults for `window`, and
-  `config_arg` (which names the run's default workdir)."""
+  """Sets the model's attention to kind `a.attention` with its defaults for `window`, and the
+  config's size (with the task and the kind, the run's identity: `lra.identity`)."""
   c.model.attention = ml_collections.ConfigDict(
       {"kind": a.attention,
        **attention_defaults(a.attention, window=window, max_length=c.data.max_length)},
       type_safe=False)
-  c.config_arg = f"attention={a.attention},size={a.size},window={a.window}"
+  c.size = a.size
 
 
 def lra_sweep(add: Callable[..., None], *, skip: tuple[str, ...] = (),

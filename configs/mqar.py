@@ -85,9 +85,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.max_length = p.length
   c.data.num_kv_pairs = p.pairs or ZOOLOGY_PAIRS.get(c.data.max_length,
                                                      max(1, c.data.max_length // 16))
-  # config_arg keeps attention, size and window only: the default workdir and `lra results`
-  # read it with the arguments every task takes (launch/values.py), so width, length and pairs
-  # show as the fields they set (model.emb_dim, data.max_length, data.num_kv_pairs).
+  # The run's identity is its kind and size only (lra.identity): `lra results` compares a run
+  # with the default config of that identity, so width, length and pairs show as the fields
+  # they set (model.emb_dim, data.max_length, data.num_kv_pairs).
   common.set_attention(c, a, a.window or 32)
   return c
 

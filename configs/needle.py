@@ -138,9 +138,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.max_length = p.length
   c.data.distances = parse_distances(p.distance, c.data.max_length, p.spread)
   c.data.num_distractors = p.distractors
-  # config_arg keeps attention, size and window only: the default workdir and `lra results`
-  # read it with the arguments every task takes (launch/values.py), so the other arguments
-  # show as the fields they set (model.variant, model.global_query, data.distances, ...).
+  # The run's identity is its kind and size only (lra.identity): `lra results` compares a run
+  # with the default config of that identity, so the other arguments show as the fields they
+  # set (model.variant, model.global_query, data.distances, ...).
   common.set_attention(c, a, window)
   return c
 

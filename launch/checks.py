@@ -11,7 +11,7 @@ from typing import Sequence
 
 import ml_collections
 
-from lra import phases, schema, storage
+from lra import identity, phases, schema, storage
 
 
 def dry_run_steps(value: str | None) -> int | None:
@@ -54,7 +54,7 @@ def check_phase_overrides(config: ml_collections.ConfigDict,
       continue
     values = ", ".join(f"{dict(p)[key]}" for p in config.phases)
     raise ValueError(
-        f"--config.{field}: {config.task} ({schema.run_label(config)}) is staged, and each of "
+        f"--config.{field}: {config.task} ({identity.label(config)}) is staged, and each of "
         f"its {len(config.phases)} phases sets its own {key} ({values}), which would replace "
         f"it; change the phases instead (--config.phases=...), or pass "
         f"--config.phases=\"()\" to train the top-level fields in one phase.")

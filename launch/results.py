@@ -41,8 +41,8 @@ from typing import Any, Iterable, Sequence
 
 import configs
 from launch import run_state
-from launch.values import config_arg_fields, flatten, value_text
-from lra import phases, rundir, storage
+from launch.values import flatten, value_text
+from lra import identity, phases, rundir, storage
 from lra.rundir import RunDir
 
 # (name, test field, best-validation field, validation-record field, higher is better): a run's
@@ -50,7 +50,7 @@ from lra.rundir import RunDir
 METRICS = (("bpc", "test_bpc", "best_validation_bpc", "bpc", False),
            ("accuracy", "test_accuracy", "best_validation_accuracy", "accuracy", True))
 # Config fields that say where files are or how a run reports, not what it trained.
-NOT_OVERRIDES = ("config_arg", "seed", "data.data_dir", "data.manual_dir", "data.download",
+NOT_OVERRIDES = ("config_arg", "size", "seed", "data.data_dir", "data.manual_dir", "data.download",
                  "progress", "init_from", "init_from_hf", "distributed")
 LRA_TASKS = (("listops", "ListOps"), ("text", "Text"), ("retrieval", "Retrieval"),
              ("image", "Image"), ("pathfinder", "Pathfinder"), ("pathx", "Path-X"))
@@ -77,14 +77,14 @@ def find_runs(root: str) -> list[str]:
 _DEFAULTS: dict[tuple[str, str, int], dict[str, Any] | None] = {}
 
 
-def default_config(task: str, config_arg: str, phase: int = 0,
+def default_config(task: str, arg: str, phase: int = 0,
                    staged: bool = False) -> dict[str, Any] | None:
-  """The flattened default config of `task` for `config_arg` (phase `phase`, 0-based, of a
-  staged one) as `config.json` holds it; None when it no longer resolves."""
-  key = (task, config_arg, phase if staged else -1)
+  """The flattened default config of `task` for the `get_config` argument `arg` (phase `phase`,
+  0-based, of a staged one) as `config.json` holds it; None when it no longer resolves."""
+  key = (task, arg, phase if staged else -1)
   if key not in _DEFAULTS:
     try:
-      c = configs.build_config(task, arg=config_arg)
+      c = configs.build_config(task, arg=arg)
       if staged:
         c = phases.phase_config(c, phase)
       _DEFAULTS[key] = flatten(json.loads(c.to_json_best_effort()))
@@ -95,7 +95,7 @@ def default_config(task: str, config_arg: str, phase: int = 0,
 
 def overrides_of(config: dict[str, Any], phase: int = 0, staged: bool = False) -> list[str]:
   """`key=value` for each field of a run's config.json that differs from the default."""
-  base = default_config(config.get("task", ""), config.get("config_arg", ""), phase, staged)
+  base = default_config(config.get("task", ""), identity.arg(config), phase, staged)
   if base is None:
     return ["(default config unavailable)"]
   mine = flatten(config)
@@ -204,9 +204,10 @@ def _read_run(root: str, run_dir: str) -> dict[str, Any]:
   any_config = RunDir(rundir.join(run_dir, phase_names[0]) if phase_names else run_dir
                       ).read_config() or {}
   task = _text(any_config.get("task")) or _text(record.get("task"))
-  config_arg = _text(any_config.get("config_arg")) or _text(record.get("config_arg"))
+  # the sweep's point as its file gave it (`add(config_arg=...)`), else the run's own identity
+  arg = _text(record.get("config_arg")) or (identity.arg(any_config) if any_config else "")
   try:   # the config the sweep asked for (else the default one), for what has not run yet
-    planned = configs.build_config(task, arg=config_arg, overrides=[
+    planned = configs.build_config(task, arg=arg, overrides=[
         tuple(o) for o in record.get("overrides", [])])
   except (ValueError, KeyError, TypeError):
     planned = None
@@ -225,23 +226,17 @@ def _read_run(root: str, run_dir: str) -> dict[str, Any]:
                         .to_json_best_effort())
   final = results[-1]
   metric = _metric_of(final or next((r for r in reversed(results) if r), None))
-  try:
-    arg = config_arg_fields(config_arg)
-  except ValueError:   # an argument the task configs no longer take
-    arg = config_arg_fields("")
   overrides = overrides_of(config, current, staged) if config else []
   done_steps = sum(_integer(r.get("steps")) or 0 for r in results if r)
   if results[current] is None:
     done_steps += (RunDir(parts[current]).steps() or [0])[-1]
   totals = [int(p["steps"]) for p in schedule] if staged else \
       [_integer(config.get("num_train_steps")) or 0]
-  model = config.get("model") if isinstance(config.get("model"), dict) else {}
-  attention = model.get("attention") if isinstance(model.get("attention"), dict) else {}
-  kind = _text(attention.get("kind"))
   row = {"run": os.path.relpath(run_dir, root) if run_dir != root else
          os.path.basename(os.path.abspath(root)),
-         "task": task, "attention": kind or arg.attention,
-         "size": arg.size, "overrides": " ".join(overrides),
+         "task": task, "attention": identity.kind(config) or identity.kind(any_config),
+         "size": identity.size(config) or identity.size(any_config),
+         "overrides": " ".join(overrides),
          "seed": _integer(config.get("seed")), "steps": done_steps, "total_steps": sum(totals) or None,
          "metric": metric[0], "best_validation": None, "best_step": None, "test": None,
          "majority_class_rate": None, "params": None, "processes": None, "devices": None,

@@ -39,8 +39,8 @@ import configs
 from launch import run_state
 from launch.checks import (_check_names, check_config, check_phase_overrides, check_workdir,
                            dry_run_steps)
-from launch.values import config_arg_fields, flag_spelling, flatten
-from lra import schema, signals
+from launch.values import flag_spelling, flatten
+from lra import identity, schema, signals
 from lra import phases  # pure Python: the trainer is imported by its functions only
 from lra import host_memory, storage
 from lra.rundir import RunDir
@@ -51,10 +51,7 @@ def default_workdir(task: str, config: ml_collections.ConfigDict) -> str:
   """`workdirs/TASK-ATTENTION-SIZE`, relative to the folder `lra run` starts in: `_run` resolves
   it there, and every line the run prints names it absolute. A SLURM launch resolves it on the
   launching machine (launch/slurm.py `absolute_argv`), a TPU worker in its `$HOME/lra`."""
-  arg = config_arg_fields(config.config_arg)
-  spt = (f"-spt-{config.pretrain.objective}" if config.get("protocol", "scratch") == "spt"
-         else "")   # a self-pretrained run never shares a scratch run's folder
-  return os.path.join("workdirs", f"{task}-{arg.attention}-{arg.size}{spt}")
+  return os.path.join("workdirs", identity.workdir_name(config, task))
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -137,14 +134,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def config_changes(config: ml_collections.ConfigDict) -> tuple[str, list[str]]:
   """(the default it is compared with, `field: default -> value` for every field that differs
   from the task's config of the same attention kind and size without overrides)."""
-  arg = config_arg_fields(config.config_arg)
-  default = configs.build_config(config.task, attention=arg.attention, size=arg.size)
+  default = configs.build_config(config.task, arg=identity.arg(config))
   before, after = flatten(default.to_dict()), flatten(config.to_dict())
   missing = "(absent)"
   lines = [f"  {key}: {before.get(key, missing)!r} -> {after.get(key, missing)!r}"
            for key in sorted(set(before) | set(after))
            if before.get(key, missing) != after.get(key, missing)]
-  return schema.run_label(default), lines
+  return identity.label(default), lines
 
 
 def _startup_message(signum: int) -> str:
@@ -262,7 +258,7 @@ def _run(args: argparse.Namespace, overrides: Sequence[tuple[str, str]],
       return 2
     if _interrupted(startup, config):
       return 130
-    print(f"Training {args.task} ({schema.run_label(config)}) in {workdir}", flush=True)
+    print(f"Training {args.task} ({identity.label(config)}) in {workdir}", flush=True)
     try:
       results = phases.run(config, workdir, plans=plans)
     except KeyboardInterrupt:
@@ -342,7 +338,7 @@ def run_preflight(config: ml_collections.ConfigDict, workdir: str, *,
   for label, c in _configs_to_check(config, workdir):
     # A compile that takes a while names what it compiles (a large --size, num_layers).
     note = threading.Timer(COMPILE_NOTE_SECONDS, print, args=(
-        f"Preflight{label}: compiling the steps of {c.task} ({schema.run_label(c)}), "
+        f"Preflight{label}: compiling the steps of {c.task} ({identity.label(c)}), "
         f"{int(c.model.num_layers)} layers, to measure their memory and time "
         f"(--no_preflight skips this)...",), kwargs={"flush": True})
     note.daemon = True
@@ -367,8 +363,8 @@ def run_preflight(config: ml_collections.ConfigDict, workdir: str, *,
           f"{report.compile_seconds:.1f} s.", flush=True)
   if cpu and not yes and seconds > preflight.LONG_RUN_SECONDS:
     sizes = ", ".join(s for s in configs.sizes(config.task)
-                      if s != schema.arg_items(config.config_arg).get("size"))
-    print(f"error: {config.task} ({schema.run_label(config)}) would train for about "
+                      if s != identity.size(config))
+    print(f"error: {config.task} ({identity.label(config)}) would train for about "
           f"{preflight.duration_text(seconds)} on this CPU (an estimate from the compiled "
           f"steps; --dry_run=steps:2 times real ones): pass --yes to run it anyway, or a "
           f"smaller --size ({sizes}) or --config.num_train_steps.", file=sys.stderr)
@@ -413,7 +409,7 @@ def dry_run(config: ml_collections.ConfigDict, workdir: str, steps: int,
   """Prints what the run would be (see the module docstring), after `notes` (what a real run
   would do with what the workdir holds); 2 when it cannot fit."""
   from lra import preflight, preflight_lines
-  print(f"dry run: {config.task} ({schema.run_label(config)}); nothing is written to {workdir}")
+  print(f"dry run: {config.task} ({identity.label(config)}); nothing is written to {workdir}")
   for line in notes:
     print(line)
   default, changes = config_changes(config)

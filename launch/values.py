@@ -1,5 +1,4 @@
-"""Config values on the command line: dotted field names, values as `--config.x=TEXT` text, and
-the `get_config` argument (`attention=band,size=small,window=8`) of a resolved config.
+"""Config values on the command line: dotted field names and values as `--config.x=TEXT` text.
 
 `value_text` writes what `configs.common.convert` (the converter of `--config.x=y` overrides and
 of `get_config` arguments) reads back to the same value, so a sweep point's overrides, `lra
@@ -9,14 +8,6 @@ results`' overrides column and the config's own text agree. Pure Python: no jax.
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
-
-import ml_collections
-
-from configs import common
-
-# The `get_config` argument every task config takes (configs/common.py `task_arg`), with the
-# value of a missing one; the types are those `parse_arg` converts to.
-CONFIG_ARGS = {"attention": "", "size": "", "window": 0}
 
 
 def flag_spelling(argv: Sequence[str]) -> list[str]:
@@ -64,10 +55,3 @@ def value_text(value: Any) -> str:
   if isinstance(value, str):
     return value
   return _literal(value)
-
-
-def config_arg_fields(config_arg: str) -> ml_collections.ConfigDict:
-  """The attention kind, size and window of a `get_config` argument, parsed as the task configs
-  parse it (`configs.common.parse_arg`); a missing one is "" (0 for the window). Raises
-  ValueError for an argument no task config takes or a value of the wrong type."""
-  return common.parse_arg(config_arg, **CONFIG_ARGS)

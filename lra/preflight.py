@@ -42,7 +42,7 @@ import ml_collections
 import numpy as np
 
 from attention import kinds
-from lra import mesh as mesh_lib, schema
+from lra import identity, mesh as mesh_lib
 from lra.compiling import CacheHits, Compiling
 from lra import train as train_lib
 
@@ -340,7 +340,7 @@ class Report:
       self._variant("model.attention.kind", exact_copy(c.model))
     if self._remat_applies():
       self._variant("remat", "block")
-    if schema.arg_items(c.get("config_arg", "")).get("size") == "base":
+    if identity.size(c) == "base":
       out.append("--size small")
     flash = self.flash_peak()
     if flash is not None and flash < 0.9 * self.peak:
@@ -373,7 +373,7 @@ class Report:
     """The one line a run that cannot fit ends with."""
     c = self.config
     blame = self.blame()
-    return (f"{c.task} ({schema.run_label(c)}) needs about {self.peak / GB:.1f} GB per "
+    return (f"{c.task} ({identity.label(c)}) needs about {self.peak / GB:.1f} GB per "
             f"device but {self.available / GB:.1f} GB is available ({self.available_source})"
             f"{': ' + blame if blame else ''}. Ways out: {', '.join(self.ways_out())}; or "
             f"--no_preflight to run anyway.")

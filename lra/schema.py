@@ -181,25 +181,6 @@ def arg_items(arg: str | None) -> dict[str, str]:
   return out
 
 
-def run_label(config: Any) -> str:
-  """What a banner says a run is: its attention kind, size and the effective window (the
-  config's, not the `window=0` of an argument that left it at the kind's default), and the
-  backend when one is named: `attention=band,size=small,window=16`."""
-  arg = arg_items(config.get("config_arg", ""))
-  attention = config.model.get("attention") or {}
-  parts = [f"attention={attention.get('kind') or arg.get('attention', '')}"]
-  if arg.get("size"):
-    parts.append(f"size={arg['size']}")
-  window = attention.get("window")
-  if isinstance(window, (list, tuple)):
-    window = ",".join(map(str, window))
-  if window is not None:
-    parts.append(f"window={window}")
-  if attention.get("implementation") not in (None, "", "auto"):
-    parts.append(f"implementation={attention['implementation']}")
-  return ",".join(parts)
-
-
 def _get(config: Any, dotted: str) -> Any:
   node = config
   for name in dotted.split("."):
@@ -486,5 +467,5 @@ def check_data(config: ml_collections.ConfigDict) -> None:
 
 
 __all__ = ["COMPRESSIONS", "DTYPES", "FIELDS", "MESH_AXES", "POOLINGS", "POSITIONS", "REMATS",
-           "SCHEDULES", "arg_items", "attention_sublayers", "run_label", "check", "check_attention",
+           "SCHEDULES", "arg_items", "attention_sublayers", "check", "check_attention",
            "check_data", "check_memory", "check_task"]

@@ -101,6 +101,7 @@ BAD = [
     ("run enwik8 --size small --config.model.memory_length=-1", "config.model.memory_length"),
     # attention
     ("run listops --config.model.attention.kind=flashy", "config.model.attention.kind = 'flashy'"),
+    ("run listops --config.size=huge", "unknown size 'huge'; valid sizes: base, small"),
     ("run listops --attention band --config.model.attention.window=-3",
      "config.model.attention.window = -3"),
     ("run listops --attention band --config.model.attention.windw=8",

@@ -7,7 +7,7 @@ import pytest
 import attention
 import configs
 from configs import common, listops
-from lra import schema
+from lra import identity, schema
 from lra import phases
 
 
@@ -122,7 +122,7 @@ def test_an_attention_kind_override_takes_the_kinds_arguments_as_attention_does(
   by_field = configs.build_config("text", size="small",
                                   overrides=[("model.attention.kind", "band")])
   assert dict(by_field.model.attention) == dict(by_flag.model.attention)
-  assert by_field.config_arg == by_flag.config_arg
+  assert (by_field.size, identity.arg(by_field)) == (by_flag.size, identity.arg(by_flag))
   for order in ([("model.attention.window", "8"), ("model.attention.kind", "band")],
                 [("model.attention.kind", "band"), ("model.attention.window", "8")]):
     c = configs.build_config("text", size="small", overrides=order)
@@ -136,3 +136,18 @@ def test_an_attention_kind_override_takes_the_kinds_arguments_as_attention_does(
   with pytest.raises(ValueError, match=r"^config.model.attention.kind = 'flashy': unknown "
                                        r"attention kind; valid: .*band"):
     configs.build_config("text", overrides=[("model.attention.kind", "flashy")])
+
+
+def test_a_size_override_takes_the_sizes_fields_as_size_does():
+  """`--config.size=S` is `--size S`: every field of that size, then the other overrides; the
+  size is a field of the config, read by the run's identity (lra.identity), never parsed back."""
+  by_flag = configs.build_config("listops", size="base", attention="band")
+  by_field = configs.build_config("listops", size="small", attention="band",
+                                  overrides=[("model.emb_dim", "96"), ("size", "base")])
+  assert by_field.size == by_flag.size == "base"
+  assert by_field.model.num_layers == by_flag.model.num_layers != (
+      configs.build_config("listops", size="small").model.num_layers)
+  assert by_field.model.emb_dim == 96                  # the other overrides on top
+  assert identity.workdir_name(by_field) == "listops-band-base"
+  with pytest.raises(ValueError, match="unknown size 'huge'; valid sizes: base, small"):
+    configs.build_config("listops", overrides=[("size", "huge")])

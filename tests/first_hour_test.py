@@ -8,7 +8,7 @@ import pytest
 import configs
 from launch import cli, remote
 from launch.values import flag_spelling
-from lra import schema
+from lra import identity, schema
 from lra import tasks as tasks_lib
 
 
@@ -52,7 +52,7 @@ def test_run_help_documents_overrides_every_size_and_the_arg(capsys):
 @pytest.mark.parametrize("task", sorted(tasks_lib.TASKS))
 def test_every_listed_size_builds_and_no_other_does(task):
   for size in configs.sizes(task):
-    assert configs.build_config(task, size=size).config_arg
+    assert configs.build_config(task, size=size).size == size
   with pytest.raises(ValueError, match="unknown size 'huge'; valid sizes: " +
                      ", ".join(configs.sizes(task))):
     configs.build_config(task, size="huge")
@@ -69,7 +69,7 @@ def test_every_listed_size_builds_and_no_other_does(task):
 ])
 def test_banners_name_the_effective_values(task, attention, size, overrides, label):
   config = configs.build_config(task, attention=attention, size=size, overrides=overrides)
-  assert schema.run_label(config) == label
+  assert identity.label(config) == label
 
 
 @pytest.mark.parametrize("seconds,text", [(0.0612, "0.06 s"), (42.4, "42 s"), (750, "12.5 min"),

@@ -12,6 +12,7 @@ import pytest
 
 import configs
 from attention import kinds
+from lra import identity
 from launch import cli
 
 # The papers' names, written out here independently of the records.
@@ -25,7 +26,7 @@ def test_a_papers_name_resolves_to_its_kind(alias, name):
   assert kinds.resolve(alias) == name and kinds.resolve(name) == name
   config = configs.build_config("listops", attention=alias, size="small")
   assert config.model.attention.kind == name
-  assert config.config_arg.startswith(f"attention={name},")   # the workdir is named by kind
+  assert identity.workdir_name(config) == f"listops-{name}-small"   # named by kind, not alias
 
 
 def test_aliases_are_unique_and_never_a_kind_name():

@@ -11,6 +11,7 @@ import attention
 import configs
 from configs import common
 from launch import cli, train as launcher, values
+from lra import identity
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -136,8 +137,6 @@ def test_dry_run_values_and_config_changes():
   default, changes = launcher.config_changes(c)
   assert default == "attention=band,size=small,window=16"   # the effective window
   assert changes == ["  batch_size: 32 -> 16",
-                     "  config_arg: 'attention=band,size=small,window=0' -> "
-                     "'attention=band,size=small,window=8'",
                      "  model.attention.dilation: '(absent)' -> 2",
                      "  model.attention.window: 16 -> 8"]
   assert launcher.config_changes(configs.build_config("text8", size="small"))[1] == []
@@ -197,12 +196,46 @@ def test_value_text_reads_back_through_the_override_converter():
   assert values.flatten({"a": {"b": 1, "c": {}}, "d": (1,)}) == {"a.b": 1, "a.c": {}, "d": (1,)}
 
 
-def test_config_arg_fields_parse_as_the_task_configs_do():
-  a = values.config_arg_fields("size=small,attention=band")
-  assert (a.attention, a.size, a.window) == ("band", "small", 0)
-  assert values.config_arg_fields("attention=band,size=base,window=8").window == 8
-  with pytest.raises(ValueError, match="unknown config argument 'colour'"):
-    values.config_arg_fields("attention=band,colour=red")
+def test_a_runs_identity_is_read_from_its_fields_and_from_an_older_config_json():
+  """lra.identity: the label, the default workdir and the argument of the default config come
+  from config.task, config.size and config.model.attention; a config.json written before the
+  size was a field gives them from its config_arg text; nothing else parses that text."""
+  c = configs.build_config("enwik8", arg="size=xl-small")
+  assert (identity.kind(c), identity.size(c)) == ("dot_product", "xl-small")
+  assert identity.workdir_name(c) == f"{c.task}-dot_product-xl-small"
+  assert configs.build_config(c.task, arg=identity.arg(c)).to_dict() == c.to_dict()
+  band = configs.build_config("listops", size="small", attention="band", arg="window=8")
+  assert identity.label(band) == "attention=band,size=small,window=8"
+  assert identity.arg(band) == "attention=band,size=small"        # the window shows as a change
+  spt = configs.build_config("listops", size="small", overrides=[("protocol", "spt")])
+  assert launcher.default_workdir("listops", spt) == os.path.join(
+      "workdirs", f"listops-dot_product-small-spt-{spt.pretrain.objective}")
+  older = {"task": "listops", "config_arg": "attention=band,size=small,window=0",
+           "model": {"attention": {"window": 16}}}
+  assert (identity.kind(older), identity.size(older)) == ("band", "small")
+  assert identity.label(older) == "attention=band,size=small,window=16"
+  assert identity.size({"config_arg": 5}) == identity.kind({"model": [1]}) == ""
+
+
+# Where the text `config_arg` may still appear: the sweep files' point argument (the sweep, its
+# record and `lra results`' reading of that record), and lra.identity's read of an older
+# config.json. No module reads a run's identity back from text otherwise.
+CONFIG_ARG_READERS = {"lra/identity.py", "launch/sweep.py", "launch/results.py"}
+
+
+def test_no_module_parses_a_runs_identity_back_from_text():
+  found = set()
+  for top in ("lra", "launch", "models", "attention", "benchmarks"):
+    for folder, _, files in os.walk(os.path.join(REPO, top)):
+      for name in files:
+        path = os.path.join(folder, name)
+        if name.endswith(".py") and "config_arg" in open(path).read():
+          found.add(os.path.relpath(path, REPO))
+  assert found <= CONFIG_ARG_READERS, sorted(found - CONFIG_ARG_READERS)
+  for name in sorted(os.listdir(os.path.join(REPO, "configs"))):   # sweep points only
+    text = open(os.path.join(REPO, "configs", name)).read() if name.endswith(".py") else ""
+    assert all(line.strip().startswith(("add(config_arg=", "#")) or "add(config_arg=" in line
+               for line in text.splitlines() if "config_arg" in line), name
 
 
 def test_lra_launch_help_and_unknown_launcher(capsys):
