@@ -45,6 +45,24 @@ def sharded(fn, **kwargs):
                                in_specs=(spec,) * 5, out_specs=spec, check_vma=False))
 
 
+def out_and_grads(fn, cotangent=None):
+  """fn(q, k, v) and the gradients to q, k, v of sum(sin(out) * arange(dim)) (of
+  sum(cotangent * out) when given), compiled as one program: op by op, and as separate forward
+  and gradient programs, the references cost more than the functions they check."""
+  def loss(q, k, v):
+    out = fn(q, k, v)
+    if cotangent is None:
+      return jnp.sum(jnp.sin(out) * jnp.arange(out.shape[-1])), out
+    return jnp.sum(cotangent * out), out
+
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+  def run(q, k, v):
+    grads, out = grad(q, k, v)
+    return out, grads
+  return run
+
+
 CASES = [
     # (length, window, dilation, causal, block_size, globals)
     (64, 3, 1, False, 8, ()),
@@ -77,16 +95,10 @@ def test_equals_band_attention_on_the_whole_sequence(length, window, dilation, c
         max_global=2 if use_glob else 0, **kw)
 
   many = sharded(split, **args)
-  want = jax.jit(one_device)(q, k, v, key_mask, glob)
-  got = many(q, k, v, key_mask, glob)
+  want, grads = out_and_grads(lambda q, k, v: one_device(q, k, v, key_mask, glob))(q, k, v)
+  got, grads_many = out_and_grads(lambda q, k, v: many(q, k, v, key_mask, glob))(q, k, v)
   np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
   assert np.all(np.asarray(got)[~np.asarray(key_mask)] == 0)
-
-  def loss(fn, q, k, v):
-    return jnp.sum(jnp.sin(fn(q, k, v, key_mask, glob)) * jnp.arange(q.shape[-1]))
-
-  grads = jax.grad(functools.partial(loss, jax.jit(one_device)), argnums=(0, 1, 2))(q, k, v)
-  grads_many = jax.grad(functools.partial(loss, many), argnums=(0, 1, 2))(q, k, v)
   for g_many, g in zip(grads_many, grads):
     np.testing.assert_allclose(g_many, g, rtol=RTOL, atol=ATOL)
 
@@ -127,10 +139,15 @@ def test_impossible_settings_are_refused(kwargs, message):
     fn(q, k, v, key_mask, glob)
 
 
-def run_split(fn, q, k, v, key_mask):
+def split_jit(fn):
+  """fn(q, k, v, key_mask) on the 4-device sequence axis, jitted (call it again for a cache hit)."""
   spec = P(None, "sequence")
   return jax.jit(jax.shard_map(fn, mesh=mesh(), in_specs=(spec,) * 4, out_specs=spec,
-                               check_vma=False))(q, k, v, key_mask)
+                               check_vma=False))
+
+
+def run_split(fn, q, k, v, key_mask):
+  return split_jit(fn)(q, k, v, key_mask)
 
 
 LINEAR_CASES = [("favor", "softmax", False), ("favor", "softmax", True), ("favor", "relu", False),
@@ -171,17 +188,11 @@ LENGTHS = [(case, length) for length in (44, 12) for case in LINEAR_CASES]
 def test_favor_and_linear_equal_one_device(name, kernel, causal, length):
   q, k, v, key_mask, _ = inputs(3, length)
   one, split = linear_pair(name, kernel, causal)
-  want = jax.jit(one)(q, k, v, key_mask)
-  got = run_split(split, q, k, v, key_mask)
+  split = split_jit(split)
+  want, grads = out_and_grads(lambda q, k, v: one(q, k, v, key_mask))(q, k, v)
+  got, grads_split = out_and_grads(lambda q, k, v: split(q, k, v, key_mask))(q, k, v)
   np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
   assert np.all(np.asarray(got)[~np.asarray(key_mask)] == 0)
-
-  def loss(fn, q, k, v):
-    return jnp.sum(jnp.sin(fn(q, k, v, key_mask)) * jnp.arange(q.shape[-1]))
-
-  grads = jax.grad(functools.partial(loss, jax.jit(one)), argnums=(0, 1, 2))(q, k, v)
-  grads_split = jax.grad(functools.partial(
-      loss, lambda q, k, v, m: run_split(split, q, k, v, m)), argnums=(0, 1, 2))(q, k, v)
   for g_split, g in zip(grads_split, grads):
     np.testing.assert_allclose(g_split, g, rtol=RTOL, atol=ATOL)
 
@@ -192,11 +203,12 @@ def test_favor_and_linear_equal_one_device(name, kernel, causal, length):
 def test_causal_positions_do_not_depend_on_later_devices(name, kernel, precision):
   q, k, v, key_mask, _ = inputs(2, 64, pad=False)
   _, split = linear_pair(name, kernel, True, precision=precision)
-  before = np.asarray(run_split(split, q, k, v, key_mask))
+  split = split_jit(split)                  # one program for both calls
+  before = np.asarray(split(q, k, v, key_mask))
   later = np.arange(64) >= 40                        # device 2 (from 40) and device 3
   k2 = jnp.where(later[None, :, None, None], 50.0 * k, k)   # huge keys: a max would move
   v2 = jnp.where(later[None, :, None, None], -v, v)
-  after = np.asarray(run_split(split, q, k2, v2, key_mask))
+  after = np.asarray(split(q, k2, v2, key_mask))
   np.testing.assert_array_equal(after[:, :32], before[:, :32])   # devices 0 and 1, bit for bit
   assert not np.allclose(after[:, 40:], before[:, 40:])
 
@@ -221,18 +233,20 @@ def test_fast_precision_split_agrees_with_one_device(name, kernel, causal):
   q, k, v, key_mask, _ = inputs(3, 44)
   one_fast, split_fast = linear_pair(name, kernel, causal, precision="fast")
   one_exact, split_exact = linear_pair(name, kernel, causal, precision="exact")
-  run = {"split": lambda q, k, v: run_split(split_fast, q, k, v, key_mask),
-         "fast": lambda q, k, v: jax.jit(one_fast)(q, k, v, key_mask),
-         "exact": lambda q, k, v: jax.jit(one_exact)(q, k, v, key_mask)}
-  got, fast, exact = (np.asarray(run[p](q, k, v)) for p in ("split", "fast", "exact"))
+  split_fast = split_jit(split_fast)
+  run = {"split": lambda q, k, v: split_fast(q, k, v, key_mask),
+         "fast": lambda q, k, v: one_fast(q, k, v, key_mask),
+         "exact": lambda q, k, v: one_exact(q, k, v, key_mask)}
+  ct = jnp.asarray(np.random.default_rng(1).normal(size=v.shape), jnp.float32)
+  outs, grads = {}, {}
+  for p in run:
+    outs[p], grads[p] = out_and_grads(run[p], ct)(q, k, v)
+  got, fast, exact = (np.asarray(outs[p]) for p in ("split", "fast", "exact"))
   bound = fast_bound(name, q, k, v)
   assert np.abs(got - fast).max() <= bound and np.abs(got - exact).max() <= bound
   assert np.abs(got - np.asarray(run_split(split_exact, q, k, v, key_mask))).max() > 0
   assert np.all(got[~np.asarray(key_mask)] == 0)
 
-  ct = jnp.asarray(np.random.default_rng(1).normal(size=v.shape), jnp.float32)
-  grads = {p: jax.grad(lambda q, k, v: jnp.sum(ct * run[p](q, k, v)), argnums=(0, 1, 2))(
-      q, k, v) for p in run}
   scale = 4 * bound / float(np.abs(np.asarray(v)).max())
   for i, name_ in enumerate("qkv"):
     if kernel == "relu" and name_ != "v":
