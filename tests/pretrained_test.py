@@ -11,10 +11,13 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
 from models import pretrained
+
+jax.config.update("jax_disable_most_optimizations", True)   # as the suite's training tests
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 TOL = 1e-5
@@ -229,6 +232,10 @@ def test_an_exported_checkpoint_loads_in_hugging_face_transformers(tmp_path, nam
   _close(out.numpy(), ref["last_hidden_state"], ref["attention_mask"], "transformers' output")
 
 
+# The runs from the roberta checkpoint: one device (the import is under test, not the mesh).
+HF_RUN = {"learning_rate": 0.0, "mesh": {"data": 1, "fsdp": 1, "tensor": 1}}
+
+
 @pytest.mark.slow
 def test_a_training_run_starts_from_a_hugging_face_checkpoint(tmp_path, capsys):
   """`config.init_from_hf`: the task model's encoder has the checkpoint's architecture and
@@ -238,7 +245,7 @@ def test_a_training_run_starts_from_a_hugging_face_checkpoint(tmp_path, capsys):
   from lra import train
   path, _ = _fixture("roberta")
   source, _ = pretrained.load(path)
-  config = tiny_runs.tiny(str(tmp_path / "data"), 100, init_from_hf=path, learning_rate=0.0)
+  config = tiny_runs.tiny(str(tmp_path / "data"), 100, init_from_hf=path, **HF_RUN)
   config.model.attention = {"kind": "band", "window": 4}
   results = train.train_and_evaluate(config, str(tmp_path / "run"))
   assert "Initialised the encoder from the roberta checkpoint" in capsys.readouterr().out
@@ -263,8 +270,9 @@ def test_self_pretraining_continues_from_a_hugging_face_checkpoint(tmp_path):
   from lra import phases
   path, _ = _fixture("roberta")
   source, _ = pretrained.load(path)
-  config = tiny_runs.tiny(str(tmp_path / "data"), 40, init_from_hf=path, learning_rate=0.0,
+  config = tiny_runs.tiny(str(tmp_path / "data"), 100, init_from_hf=path, **HF_RUN,
                           protocol="spt", num_train_steps=2, **{"pretrain.learning_rate": 0.0})
+  config.model.attention = {"kind": "band", "window": 4}   # phase 2 compiles as the run above
   results = phases.run(configs.common.apply_protocol(config), str(tmp_path / "run"))
   assert len(results["phases"]) == 2
   encoder = results["state"]["params"]["encoder"]

@@ -23,9 +23,14 @@ from lra import phases
 pytestmark = pytest.mark.slow   # end to end: `make test-fast` skips this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Tiny runs (short trees, one 16-wide layer): the sweep's bookkeeping is under test.
 TINY = ["--config.data.num_train=200", "--config.data.num_val=40", "--config.data.num_test=40",
         "--config.eval_batch_size=40", "--config.num_train_steps=20", "--config.eval_every=10",
-        "--config.checkpoint_every=10", "--config.log_every=10", "--config.progress=false"]
+        "--config.checkpoint_every=10", "--config.log_every=10", "--config.progress=false",
+        "--config.data.max_length=32", "--config.data.gen_min_length=4",
+        "--config.data.gen_max_length=33", "--config.batch_size=8", "--config.model.num_layers=1",
+        "--config.model.num_heads=2", "--config.model.emb_dim=16", "--config.model.qkv_dim=16",
+        "--config.model.mlp_dim=16", "--config.model.classifier_dim=16"]
 NAMES = [f"attention={k},size=small,seed={s}" for k in ("dot_product", "band") for s in (0, 1)]
 
 
@@ -33,7 +38,8 @@ NAMES = [f"attention={k},size=small,seed={s}" for k in ("dot_product", "band") f
 def env(tmp_path_factory):
   data = str(tmp_path_factory.mktemp("data"))
   return {**os.environ, "LRA_DATA": data, "JAX_PLATFORMS": "cpu",
-          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+          "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+          "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}   # tiny programs: compile fast
 
 
 def sweep_argv(workdir) -> list[str]:
