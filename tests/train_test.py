@@ -25,7 +25,13 @@ def data_dir(tmp_path_factory):
   return str(tmp_path_factory.mktemp("listops_data"))
 
 
+ONE_DEVICE = {"data": 1, "fsdp": 1, "tensor": 1}
+ALL_DEVICES = {"data": -1, "fsdp": 1, "tensor": 1}   # the default: data parallel over all 8
+
+
 def tiny_config(data_dir, kind="dot_product", **overrides):
+  """A two-step run on one device (tiny programs to compile and save); the resumed run and the
+  mesh test train on several."""
   c = listops_config.get_config(f"size=small,attention={kind}")
   c.data.data_dir = data_dir
   c.data.num_train, c.data.num_val, c.data.num_test = 64, 16, 16
@@ -41,6 +47,7 @@ def tiny_config(data_dir, kind="dot_product", **overrides):
   c.num_train_steps, c.warmup_steps = 2, 1
   c.log_every, c.eval_every, c.checkpoint_every = 1, 100, 100  # final eval and save only
   c.progress = False
+  c.mesh = ONE_DEVICE
   return task_helpers.override(c, overrides)
 
 
@@ -84,7 +91,7 @@ def test_two_steps_with_every_attention_kind(kind, data_dir, tmp_path, request):
 @pytest.mark.slow
 def test_interrupted_and_resumed_run_equals_an_uninterrupted_run(data_dir, tmp_path):
   config = tiny_config(data_dir, num_train_steps=6, checkpoint_every=2, eval_every=100,
-                       **{"model.dropout": 0.1})
+                       mesh=ALL_DEVICES, **{"model.dropout": 0.1})
   straight = train.train_and_evaluate(config, str(tmp_path / "straight"))
 
   resumed_dir = str(tmp_path / "resumed")
@@ -107,15 +114,14 @@ def test_interrupted_and_resumed_run_equals_an_uninterrupted_run(data_dir, tmp_p
 
 
 @pytest.mark.slow
-def test_data_by_tensor_mesh_matches_one_device(data_dir, tmp_path):
-  runs = {}
-  for name, mesh in (("one", {"data": 1, "fsdp": 1, "tensor": 1}),
-                     ("mesh", {"data": 4, "fsdp": 1, "tensor": 2})):
-    config = tiny_config(data_dir, num_train_steps=3, eval_every=100, mesh=mesh)
-    results = train.train_and_evaluate(config, str(tmp_path / name))
-    runs[name] = (train_losses(str(tmp_path / name)), results)
-  (one, r_one), (sharded, r_sharded) = runs["one"], runs["mesh"]
-  assert [s for s, _ in one] == [s for s, _ in sharded] == [1, 2, 3]
+def test_data_by_tensor_mesh_matches_one_device(data_dir, finished_run, tmp_path):
+  """The shared run (one device) against the same config on a (4, 2) data x tensor mesh."""
+  assert tiny_config(data_dir).mesh.data == 1
+  config = tiny_config(data_dir, mesh={"data": 4, "fsdp": 1, "tensor": 2})
+  r_sharded = train.train_and_evaluate(config, str(tmp_path / "mesh"))
+  one, r_one = train_losses(finished_run[0]), finished_run[1]
+  sharded = train_losses(str(tmp_path / "mesh"))
+  assert [s for s, _ in one] == [s for s, _ in sharded] == [1, 2]
   np.testing.assert_allclose([l for _, l in one], [l for _, l in sharded], rtol=1e-5)
   np.testing.assert_allclose(r_one["test_loss"], r_sharded["test_loss"], rtol=1e-5)
   query = [x for x in jax.tree.leaves(r_sharded["state"]["params"]) if x.ndim == 3][0]
