@@ -142,6 +142,10 @@ def trainer_defaults() -> ml_collections.ConfigDict:
       "steps": 0,              # pretraining steps of num_train_steps; 0 = half of them
       "learning_rate": 0.0})   # 0 = config.learning_rate
   c.distributed = False        # jax.distributed.initialize() (or set LRA_DISTRIBUTED=1)
+  # Seconds a process of a multi-process run waits for the others (jax.distributed's start,
+  # heartbeats and shutdown, and lra/mesh.py `wait_for_peers` before the first collectives):
+  # long enough for a slow peer's compile on a busy host.
+  c.peer_timeout_s = 900
   c.progress = True            # the stderr progress line
   return c
 

@@ -51,7 +51,7 @@ METRICS = (("bpc", "test_bpc", "best_validation_bpc", "bpc", False),
            ("accuracy", "test_accuracy", "best_validation_accuracy", "accuracy", True))
 # Config fields that say where files are or how a run reports, not what it trained.
 NOT_OVERRIDES = ("config_arg", "size", "seed", "data.data_dir", "data.manual_dir", "data.download",
-                 "progress", "init_from", "init_from_hf", "distributed")
+                 "progress", "init_from", "init_from_hf", "distributed", "peer_timeout_s")
 LRA_TASKS = (("listops", "ListOps"), ("text", "Text"), ("retrieval", "Retrieval"),
              ("image", "Image"), ("pathfinder", "Pathfinder"), ("pathx", "Path-X"))
 COLUMNS = ("run", "task", "attention", "size", "overrides", "seed", "steps", "total_steps",

@@ -23,13 +23,13 @@ import socket
 from typing import Any
 
 from launch.values import flatten, value_text
-from lra import lock, storage
+from lra import identity, lock, storage
 from lra import rundir
 from lra.rundir import RunDir
 
 # Fields that change how a run reports, not what it trains: a finished run may be shown with
 # other values of them.
-NOT_RUN_FIELDS = ("progress",)
+NOT_RUN_FIELDS = ("progress", "peer_timeout_s")
 RECORD = "sweep.json"   # per run: the command and its attempts
 LOG = "log.txt"         # per run: the output of every attempt, appended
 
@@ -110,7 +110,7 @@ def finished_results(run_dir: str) -> dict[str, Any] | None:
 def config_differences(saved: dict[str, Any], config: dict[str, Any]) -> list[str]:
   """`field: old -> new` for each field of two configs (as config.json holds them) that
   differs, leaving out NOT_RUN_FIELDS."""
-  before, after = flatten(saved), flatten(config)
+  before, after = flatten(identity.upgraded(saved)), flatten(config)
   missing = "(absent)"
   out = []
   for key in sorted(set(before) | set(after)):

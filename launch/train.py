@@ -311,10 +311,10 @@ def _steps_left(config: ml_collections.ConfigDict, workdir: str, label: str) -> 
 
 def _preflight(config: ml_collections.ConfigDict, initialisers: bool = False):
   """`lra.preflight.check(config)`, or the one line saying why it could not be done."""
-  from lra import preflight
+  from lra import mesh, preflight
   try:
     return preflight.check(config, initialisers=initialisers)
-  except ValueError as e:   # what needs the devices, such as a batch the mesh cannot split
+  except (ValueError, mesh.PeerTimeout) as e:   # a batch the mesh cannot split, a late peer
     return f"{e}"
   except KeyboardInterrupt:
     return "interrupted during the preflight; nothing was started."
@@ -469,14 +469,15 @@ def _chain(e: BaseException) -> list[BaseException]:
 def failure_line(e: Exception, workdir: str) -> str:
   """The one line a failed run ends with: the cause and what to do (the known failures), or
   the exception with its traceback written to `<workdir>/error.log`."""
-  from lra import checkpoint, lock
+  from lra import checkpoint, lock, mesh
   chain = _chain(e)
   if any(isinstance(x, OSError) and x.errno == errno.ENOSPC for x in chain) or any(
       "No space left on device" in str(x) for x in chain):
     return (f"no space left on device while writing in {workdir} ({type(e).__name__}); free "
             f"some space and rerun the same command: it resumes from the last finished "
             f"checkpoint, and an unfinished save is discarded.")
-  if isinstance(e, (lock.WorkdirBusy, checkpoint.CheckpointError, FloatingPointError)):
+  if isinstance(e, (lock.WorkdirBusy, checkpoint.CheckpointError, FloatingPointError,
+                    mesh.PeerTimeout)):
     return str(e).splitlines()[0] if str(e) else type(e).__name__
   log = RunDir(workdir).error_log
   try:

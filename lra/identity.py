@@ -20,6 +20,17 @@ def _get(tree: Any, key: str, default: Any = None) -> Any:
   return tree.get(key, default) if isinstance(tree, Mapping) or hasattr(tree, "get") else default
 
 
+def upgraded(saved: dict[str, Any]) -> dict[str, Any]:
+  """A config.json's dict as this version writes it: an older one's `config_arg` becomes the
+  `size` field (the kind is model.attention.kind in both), so comparing a finished run's
+  config with the same command's config sees no change where there is none."""
+  if not isinstance(saved, dict) or "config_arg" not in saved:
+    return saved
+  out = {k: v for k, v in saved.items() if k != "config_arg"}
+  out.setdefault("size", size(saved))
+  return out
+
+
 def attention(config: Any) -> Mapping[str, Any]:
   """The model's attention settings (kind and its arguments); {} when there are none."""
   found = _get(_get(config, "model") or {}, "attention")

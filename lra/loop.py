@@ -396,5 +396,9 @@ def run(trainer: Any, config: ml_collections.ConfigDict, workdir: str, *,
     r.close()
     print(f"The run in {workdir} finished earlier; its results are unchanged.", flush=True)
     return {**r.stored, "interrupted": False, "state": r.state}
+  # Restoring and the data pipeline take each process its own time: the first step's
+  # collectives start together (lra/mesh.py wait_for_peers).
+  mesh_lib.wait_for_peers("the first training step",
+                          int(config.get("peer_timeout_s", mesh_lib.PEER_TIMEOUT_S)))
   step = r.train()
   return r.finish() if step is None else r.stopped(step)

@@ -43,12 +43,22 @@ MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 
-def maybe_initialize_distributed(flag: bool = False) -> None:
+PEER_TIMEOUT_S = 900   # config.peer_timeout_s's default (configs/common.py)
+
+
+class PeerTimeout(RuntimeError):
+  """The other processes did not reach a wait point within `config.peer_timeout_s`."""
+
+
+def maybe_initialize_distributed(flag: bool = False, timeout_s: int = PEER_TIMEOUT_S) -> None:
   """Calls `jax.distributed.initialize()` when asked to (flag or LRA_DISTRIBUTED=1), once.
 
   On a cluster JAX detects (Cloud TPU, Slurm, Open MPI) it needs nothing else. Elsewhere (for
   example several processes on one machine) every process sets JAX_COORDINATOR_ADDRESS
   (host:port of process 0, read by JAX), JAX_NUM_PROCESSES and JAX_PROCESS_ID (read here).
+  `timeout_s` (config.peer_timeout_s) bounds the start's wait for every process; ten times it
+  is the silence after which a process counts as dead (its heartbeats: a peer stopped or
+  swapped out for a while is not), three times it the shutdown's wait for the others.
   """
   if not (flag or os.environ.get("LRA_DISTRIBUTED", "0") == "1"):
     return
@@ -60,8 +70,43 @@ def maybe_initialize_distributed(flag: bool = False) -> None:
       kwargs[name] = int(os.environ[env])
   from lra import signals
   signals.hold_early()         # a SIGTERM from here on is held for the run's stop request ...
-  jax.distributed.initialize(**kwargs)
+  # A peer that misses the waits of `wait_for_peers` ends the run there, with its one line:
+  # the heartbeats' limit is longer, so that the distributed service (which ends every
+  # process with a C++ stack when it declares one dead) never comes first; at exit a process
+  # waits for the others' exit long enough for a peer that was late at a wait.
+  timeout_s = int(timeout_s)
+  jax.distributed.initialize(**kwargs, initialization_timeout=timeout_s,
+                             heartbeat_timeout_seconds=10 * timeout_s,
+                             shutdown_timeout_seconds=3 * timeout_s)
   signals.hold_early()         # ... and taken back from jax's preemption notifier
+
+
+_waits: dict[str, int] = {}
+
+
+def wait_for_peers(stage: str, timeout_s: int = PEER_TIMEOUT_S) -> None:
+  """Waits until every process has reached this point (`stage` names it), at most `timeout_s`
+  seconds; raises PeerTimeout naming this process, the stage and the setting otherwise.
+
+  jax's CPU collectives (gloo) give up on a peer after a fixed 30 s: the first collective after
+  a stretch where processes take different times (the preflight's and the steps' compiles,
+  the data) would fail on a busy host. Waiting here first, on the coordination service with
+  the run's own timeout, brings every process to the collective together. Every process must
+  call it at the same points, in the same order (each call is its own barrier)."""
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed   # the coordination client jax.distributed started
+  count = _waits[stage] = _waits.get(stage, 0) + 1
+  try:
+    distributed.global_state.client.wait_at_barrier(f"lra-{stage}-{count}",
+                                                    int(timeout_s * 1000))
+  except Exception as e:  # noqa: BLE001 - the service's error (a timeout, a dead peer)
+    status = str(e).split(":", 1)[0].strip() or type(e).__name__
+    raise PeerTimeout(
+        f"process {jax.process_index()} of {jax.process_count()} waited for the others at "
+        f"{stage} and they did not all come within config.peer_timeout_s = {timeout_s} s "
+        f"({status}): rerun the same command when every process can run; it resumes from "
+        f"the last checkpoint (raise --config.peer_timeout_s for slow hosts).") from None
 
 
 def any_process(flag: bool) -> bool:

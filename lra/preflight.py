@@ -385,7 +385,8 @@ def check(config: ml_collections.ConfigDict, *, initialisers: bool = False) -> R
   `initialisers`: a run follows, so compile the state's initialisers too (side by side with
   the steps; waited for only when the config fits), for `Trainer.allocate` to reuse. The
   report's `trainer` is the plan to pass to the run (`train_and_evaluate(..., plan=...)`)."""
-  mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
+  timeout_s = int(config.get("peer_timeout_s", mesh_lib.PEER_TIMEOUT_S))
+  mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)), timeout_s)
   trainer = train_lib.Trainer.abstract(config)
   task, mesh, rest = trainer.task, trainer.mesh, trainer.abstract_rest
   state = trainer.abstract_state()
@@ -403,6 +404,7 @@ def check(config: ml_collections.ConfigDict, *, initialisers: bool = False) -> R
   seconds = time.perf_counter() - t0
   available, source = available_memory(list(mesh.devices.flat))
   if available is not None and jax.process_count() > 1:   # every process takes one decision
+    mesh_lib.wait_for_peers("the preflight's memory check", timeout_s)   # after the compiles
     from jax.experimental import multihost_utils   # (in MiB: jax arrays are 32-bit by default)
     mib = multihost_utils.process_allgather(np.int32(min(available >> 20, 2**31 - 1)))
     available = int(np.min(mib)) << 20

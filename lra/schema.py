@@ -110,6 +110,8 @@ FIELDS: tuple[tuple[str, Rule, str], ...] = (
     ("eval_every", POSITIVE, "steps between validation passes"),
     ("checkpoint_every", POSITIVE, "steps between checkpoints"),
     ("keep_checkpoints", POSITIVE, "how many of the newest checkpoints are kept"),
+    ("peer_timeout_s", POSITIVE, "seconds a process of a multi-process run waits for the "
+     "others"),
     ("learning_rate", number(0), "the peak learning rate"),
     ("schedule", one_of(*SCHEDULES), "the learning-rate schedule"),
     ("warmup_steps", NON_NEGATIVE, "steps of linear learning-rate warmup"),

@@ -389,7 +389,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     from lra import schema
     schema.check(config)
     check_layers(config, tasks_lib.get_task(config.task))
-  mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)))
+  timeout_s = int(config.get("peer_timeout_s", mesh_lib.PEER_TIMEOUT_S))
+  mesh_lib.maybe_initialize_distributed(bool(config.get("distributed", False)), timeout_s)
+  mesh_lib.wait_for_peers("the workdir lock", timeout_s)   # the first collective follows
   workdir = storage.resolve(workdir)
   storage.makedirs(workdir)
   # A lock file on a local disk (O_EXCL), a lock object in a gs:// bucket (generation

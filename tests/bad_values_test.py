@@ -102,6 +102,7 @@ BAD = [
     # attention
     ("run listops --config.model.attention.kind=flashy", "config.model.attention.kind = 'flashy'"),
     ("run listops --config.size=huge", "unknown size 'huge'; valid sizes: base, small"),
+    ("run listops --config.peer_timeout_s=0", "config.peer_timeout_s = 0: must be"),
     ("run listops --attention band --config.model.attention.window=-3",
      "config.model.attention.window = -3"),
     ("run listops --attention band --config.model.attention.windw=8",

@@ -62,6 +62,17 @@ def replace(src, dst, *args, **kwargs):
   renamed.append(os.path.basename(os.fspath(dst)))
   return _replace(src, dst, *args, **kwargs)
 os.replace = replace
+if os.environ.get("LRA_TEST_PAUSE") == os.environ["JAX_PROCESS_ID"]:
+  # Stops itself after the preflight's compile, right before the first collective (the
+  # preflight's memory agreement), until the test continues it.
+  import signal
+  from lra import preflight
+  _available = preflight.available_memory
+  def available_memory(*args, **kwargs):
+    print("PAUSED", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return _available(*args, **kwargs)
+  preflight.available_memory = available_memory
 from launch import train
 rc = train.main(sys.argv[1:])
 import jax
@@ -79,10 +90,14 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_two_processes(workdir: str, logdir, flags=FLAGS, tag: str = "process"):
-  """Starts the two processes of one cluster on `flags`; (the processes, their log files)."""
+def start_two_processes(workdir: str, logdir, flags=FLAGS, tag: str = "process",
+                        pause: int | None = None):
+  """Starts the two processes of one cluster on `flags`; (the processes, their log files).
+  Process `pause` stops itself right before its first collective (`continue_after`)."""
   port = _free_port()
   env = dict(os.environ)
+  if pause is not None:
+    env["LRA_TEST_PAUSE"] = str(pause)
   env.pop("XLA_FLAGS", None)  # conftest's 8 devices; each child gets 2 (JAX_NUM_CPU_DEVICES)
   env.update(LRA_DISTRIBUTED="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
              JAX_NUM_PROCESSES="2", JAX_NUM_CPU_DEVICES="2",
@@ -121,9 +136,22 @@ def wait_two(procs, logs, timeout: float = TIMEOUT_S, stop_at_failure: bool = Tr
   return outputs
 
 
-def run_two_processes(workdir: str, logdir) -> list[dict]:
-  """Runs the config in two processes of one cluster; returns each process's report."""
-  procs, logs = start_two_processes(workdir, logdir)
+def continue_after(procs, logs, i: int, seconds: float) -> None:
+  """Once process `i` has stopped itself (its PAUSED line), continues it `seconds` later."""
+  deadline = time.monotonic() + TIMEOUT_S
+  while "PAUSED" not in open(logs[i].name).read():
+    assert time.monotonic() < deadline and procs[i].poll() is None, "process did not pause"
+    time.sleep(0.1)
+  time.sleep(seconds)   # the stop's length is what is tested; the moment is the child's own
+  procs[i].send_signal(signal.SIGCONT)
+
+
+def run_two_processes(workdir: str, logdir, pause_s: float = 0.0) -> list[dict]:
+  """Runs the config in two processes of one cluster, process 1 stopped for `pause_s` seconds
+  before its first collective when given; returns each process's report."""
+  procs, logs = start_two_processes(workdir, logdir, pause=1 if pause_s else None)
+  if pause_s:
+    continue_after(procs, logs, 1, pause_s)
   outputs = wait_two(procs, logs)
   tails = "\n".join(f"--- process {i} (exit {p.returncode}):\n{out[-3000:]}"
                     for i, (p, out) in enumerate(zip(procs, outputs)))
@@ -162,7 +190,9 @@ def test_two_processes_train_like_one_and_share_checkpoints(tmp_path):
   tasks.get_task("listops").prepare(config.data)  # before the processes start, not in both
   two, one, resumed = (str(tmp_path / name) for name in ("two", "one", "resumed"))
 
-  reports = run_two_processes(two, tmp_path)
+  # Process 1 stops for 40 s before the first collective, longer than the 30 s jax's CPU
+  # collectives wait for a peer: process 0 waits for it (config.peer_timeout_s) instead.
+  reports = run_two_processes(two, tmp_path, pause_s=40)
   for i, r in enumerate(reports):
     assert (r["process_index"], r["process_count"]) == (i, 2)
     assert (r["device_count"], r["local_device_count"]) == (4, 2)
@@ -269,3 +299,32 @@ def test_sigterm_apart_stops_both_at_one_step_and_a_busy_workdir_is_refused_in_b
   assert len(saved) == 2 and saved[0] == saved[1] and 5 <= saved[0] < 400, tails
   steps = sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
   assert steps == [saved[0]]
+
+
+def test_a_peer_later_than_the_timeout_ends_both_with_one_line_and_a_rerun_trains(tmp_path):
+  """With config.peer_timeout_s = 10 and process 1 stopped for 20 s before the first
+  collective, both processes end with one line naming the wait and the setting, exit 2, no
+  traceback and no abort by the distributed service; nothing is trained; the same command
+  then trains from the start."""
+  config = configs.build_config(
+      "listops", size="small", overrides=[(k, str(v)) for k, v in OVERRIDES.items()])
+  tasks.get_task("listops").prepare(config.data)
+  workdir = str(tmp_path / "wd")
+  flags = [*FLAGS, "--config.peer_timeout_s=10"]
+  procs, logs = start_two_processes(workdir, tmp_path, flags, tag="late", pause=1)
+  try:
+    continue_after(procs, logs, 1, 20)
+  finally:
+    outputs = wait_two(procs, logs, stop_at_failure=False)
+  tails = "\n".join(f"--- process {i} (exit {p.returncode}):\n{out[-3000:]}"
+                    for i, (p, out) in enumerate(zip(procs, outputs)))
+  assert [p.returncode for p in procs] == [2, 2], tails
+  for out in outputs:
+    errors = [x for x in out.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "config.peer_timeout_s = 10 s" in errors[0], tails
+    assert "Traceback" not in out and "Terminating process" not in out, tails
+  assert not os.path.exists(os.path.join(workdir, "checkpoints")) or not [
+      n for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
+  reports = run_two_processes(workdir, tmp_path)
+  assert [r["rc"] for r in reports] == [0, 0]
+  assert [s for s, split in sorted(records(workdir)) if split == "train"] == [1, 2, 3, 4]

@@ -1,6 +1,7 @@
 """Tests for launch/: the `lra` command's names, overrides and errors (no training here)."""
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -243,3 +244,18 @@ def test_lra_launch_help_and_unknown_launcher(capsys):
   assert capsys.readouterr().out.startswith("`lra launch tpu|slurm -- run ...`: what the TPU")
   assert cli.main(["launch", "gpu", "--", "run", "listops"]) == 2
   assert capsys.readouterr().err == "error: unknown launcher 'gpu'; valid launchers: tpu, slurm.\n"
+
+
+def test_a_config_json_from_before_the_size_field_is_the_same_run():
+  """A finished run's config.json written with `config_arg` instead of `size` compares equal to
+  the same command's config today (run_state.config_differences, what a rerun checks), and
+  peer_timeout_s, which changes how processes wait and not what is trained, is no change."""
+  from launch import run_state
+  config = json.loads(configs.build_config("listops", size="small", attention="band")
+                      .to_json_best_effort())
+  older = {k: v for k, v in config.items() if k not in ("size", "peer_timeout_s")}
+  older["config_arg"] = "attention=band,size=small,window=0"
+  assert run_state.config_differences(older, config) == []
+  assert run_state.config_differences(older, {**config, "size": "base"}) == [
+      "size: small -> base"]
+  assert run_state.config_differences(config, {**config, "peer_timeout_s": 60}) == []
