@@ -15,7 +15,9 @@ it, and from a diff of jax's public modules between the tags:
   (`getattr(jax.checkpoint_policies, name)`) works on both.
 - Private modules (`jax._src...`) move freely between releases: the jaxpr pass that the FLOP
   counter uses comes from the public `jax.interpreters.partial_eval` here (`dce_jaxpr`), and the
-  jaxpr types from `jax.extend.core` (`jaxpr_types`).
+  jaxpr types from `jax.extend.core` (`jaxpr_types`). One private name is read, here only:
+  the coordination client `jax.distributed.initialize` starts (`distributed_client`, for
+  barriers with our own timeout), `jax._src.distributed.global_state.client` in 0.10 and 0.11.
 - `jax.nn.dot_product_attention` (with `query_seq_lengths`, `key_value_seq_lengths`,
   `local_window_size`, `is_causal` and `implementation="cudnn"`: `attention.cudnn_backend`),
   `jax.shard_map`, `jax.sharding`, `jax.experimental.pallas`
@@ -72,6 +74,14 @@ def jaxpr_types() -> tuple[type, type]:
   from jax.extend import core
 
   return core.ClosedJaxpr, core.Jaxpr
+
+
+def distributed_client() -> Any:
+  """The coordination service client of `jax.distributed.initialize()` (its `wait_at_barrier`),
+  or None before it started."""
+  from jax._src import distributed   # no public accessor in 0.10-0.11
+
+  return distributed.global_state.client
 
 
 def gpu_compute_capability() -> tuple[int, int] | None:

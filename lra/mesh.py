@@ -95,11 +95,10 @@ def wait_for_peers(stage: str, timeout_s: int = PEER_TIMEOUT_S) -> None:
   call it at the same points, in the same order (each call is its own barrier)."""
   if jax.process_count() == 1:
     return
-  from jax._src import distributed   # the coordination client jax.distributed started
+  from attention import compat   # the coordination client jax.distributed started
   count = _waits[stage] = _waits.get(stage, 0) + 1
   try:
-    distributed.global_state.client.wait_at_barrier(f"lra-{stage}-{count}",
-                                                    int(timeout_s * 1000))
+    compat.distributed_client().wait_at_barrier(f"lra-{stage}-{count}", int(timeout_s * 1000))
   except Exception as e:  # noqa: BLE001 - the service's error (a timeout, a dead peer)
     status = str(e).split(":", 1)[0].strip() or type(e).__name__
     raise PeerTimeout(
