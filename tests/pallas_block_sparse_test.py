@@ -351,22 +351,30 @@ def _full_share(calls):
   return shares
 
 
+def _strided_tile_lists(monkeypatch, shape, dtype, **kwargs) -> list[tuple]:
+  """The arguments of every `tile_lists` call of the Pallas strided sparse pattern on `shape`
+  (traced only, nothing runs)."""
+  calls = []
+  real = pallas_block_sparse.tile_lists
+  monkeypatch.setattr(pallas_block_sparse, "tile_lists",
+                      lambda *a: calls.append(a) or real(*a))
+  q = jax.ShapeDtypeStruct(shape, dtype)
+  jax.eval_shape(lambda q: pallas_block_sparse.sparse_attention(
+      q, q, q, pattern="strided", interpret=True, **kwargs), q)
+  return calls
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_strided_classes_fill_whole_tiles(monkeypatch, causal):
   # Length 203, stride 4: classes of 51 and 50 tokens, each padded to 64 (whole 16-tiles), so
   # the class part visits full tiles only, and one partial tile a row when causal (its
   # diagonal). Classes of 51 in token order would leave partial tiles at their edges.
-  calls = []
-  real = pallas_block_sparse.tile_lists
-  monkeypatch.setattr(pallas_block_sparse, "tile_lists",
-                      lambda *a: calls.append(a) or real(*a))
-  q = jax.ShapeDtypeStruct((1, 203, 1, 8), jnp.float32)
-  jax.eval_shape(lambda q: pallas_block_sparse.sparse_attention(
-      q, q, q, pattern="strided", stride=4, causal=causal, block_q=16, block_k=16,
-      interpret=True), q)
+  calls = _strided_tile_lists(monkeypatch, (1, 203, 1, 8), jnp.float32, stride=4,
+                              causal=causal, block_q=16, block_k=16)
   classes = [c for c in calls if isinstance(c[0][0], splash_masks.BlockLocalPattern)]
   assert len(calls) == 2 and [c[1:] for c in classes] == [(256, 16, 16)]
-  segments = np.diff(real(*classes[0]).fwd_ptr[0, :33]).reshape(16, 2)   # (full, partial)
+  lists = pallas_block_sparse.tile_lists(*classes[0])
+  segments = np.diff(lists.fwd_ptr[0, :33]).reshape(16, 2)   # (full, partial) per row
   np.testing.assert_array_equal(segments[:, 0], np.arange(16) % 4 if causal else 4)
   np.testing.assert_array_equal(segments[:, 1], int(causal))
 
@@ -379,13 +387,8 @@ def test_strided_tiles_stay_full_at_long_lengths(monkeypatch, causal):
   # In token order a tile far from the diagonal holds one diagonal of stride | (i - j): at 16K
   # with stride 128 and 64-tiles, 1/64 of its pairs. The parts keep every visited tile at
   # least half full (the causal diagonal tiles, the band's edges).
-  calls = []
-  real = pallas_block_sparse.tile_lists
-  monkeypatch.setattr(pallas_block_sparse, "tile_lists",
-                      lambda *a: calls.append(a) or real(*a))
-  q = jax.ShapeDtypeStruct((1, 16384, 1, 64), jnp.bfloat16)
-  jax.eval_shape(lambda q: pallas_block_sparse.sparse_attention(
-      q, q, q, pattern="strided", stride=128, causal=causal, interpret=True), q)
+  calls = _strided_tile_lists(monkeypatch, (1, 16384, 1, 64), jnp.bfloat16, stride=128,
+                              causal=causal)
   assert [c[2:] for c in calls] == [(64, 64), (64, 64)]
   assert min(_full_share(calls)) >= 0.5
   token_order = (splash_masks.StridedPattern(128, causal),), 16384, 64, 64
